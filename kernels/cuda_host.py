@@ -1,0 +1,143 @@
+"""Host side of the CUDA backend: the variant registry and a device-resident accumulator.
+
+numba is imported lazily so that importing this module works where numba-cuda does not.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kernels import cuda_tiled
+from kernels.launch import LaunchConfig, tiled_launch
+
+
+@dataclass(frozen=True)
+class KernelVariant:
+    """One CUDA kernel the backend can run: `make_kernel()` returns the plain Python kernel."""
+
+    name: str
+    dtype: np.dtype
+    """Element type of A, B and C."""
+    make_kernel: Callable[[], Callable[..., None]]
+    """Builds `kernel(a, b, c)` doing c += a @ b (not yet jitted: inspect compiles it to PTX)."""
+    launch: Callable[[int, int], LaunchConfig]
+    """Grid and block for an m x n output."""
+    default: bool
+    """True for the one variant the cuda backend uses for this dtype."""
+
+
+def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
+    dt = np.dtype(dtype)
+    return KernelVariant(
+        name=f"tiled_{dt.name}",
+        dtype=dt,
+        # Read TILE at call time so tests can lower it for the simulator.
+        make_kernel=lambda: cuda_tiled.make_tiled_kernel(dt),
+        launch=lambda m, n: tiled_launch(m, n, cuda_tiled.TILE),
+        default=default,
+    )
+
+
+VARIANTS: dict[str, KernelVariant] = {
+    v.name: v
+    for v in (
+        _tiled_variant(np.float32, default=True),
+        _tiled_variant(np.float64, default=True),
+    )
+}
+
+
+def default_variant(dtype: np.dtype | type) -> KernelVariant:
+    """The variant flagged default for this dtype (TypeError for non-float dtypes)."""
+    dt = cuda_tiled.check_float_dtype(dtype)
+    (variant,) = (v for v in VARIANTS.values() if v.dtype == dt and v.default)
+    return variant
+
+
+def cuda_available() -> bool:
+    """True when numba.cuda can run kernels: a visible GPU, or the simulator."""
+    try:
+        from numba import cuda
+    except Exception:  # numba missing or its CUDA bindings broken: report, don't raise
+        return False
+    try:
+        return bool(cuda.is_available())
+    except Exception:
+        return False
+
+
+@functools.cache
+def _jit(kernel: Callable[..., None]) -> Any:
+    from numba import cuda
+
+    return cuda.jit(kernel)
+
+
+class CudaAccumulator:
+    """A zeroed device matrix that K panels are multiplied into: acc += a @ b on the GPU."""
+
+    def __init__(self, shape: tuple[int, int], dtype: np.dtype, variant: str | None = None) -> None:
+        from numba import cuda
+
+        self.dtype = cuda_tiled.check_float_dtype(dtype)
+        m, n = (int(s) for s in shape)
+        if m < 0 or n < 0:
+            raise ValueError(f"accumulator shape must be non-negative, got {shape}")
+        self.shape = (m, n)
+        self.variant = self._select(variant)
+        self._kernel = _jit(self.variant.make_kernel())
+        self._c = cuda.to_device(np.zeros(self.shape, dtype=self.dtype))
+
+    def _select(self, name: str | None) -> KernelVariant:
+        if name is None:
+            return default_variant(self.dtype)
+        if name not in VARIANTS:
+            raise ValueError(
+                f"unknown CUDA kernel variant {name!r}; choose from {sorted(VARIANTS)}"
+            )
+        variant = VARIANTS[name]
+        if variant.dtype != self.dtype:
+            raise TypeError(
+                f"variant {name!r} computes {variant.dtype}, accumulator is {self.dtype}; "
+                "pick a variant of the same dtype or variant=None"
+            )
+        return variant
+
+    def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
+        """acc += a @ b, with a (m, w) and b (w, n) host arrays of the accumulator's dtype."""
+        self._check_panels(a, b)
+        m, n = self.shape
+        if m == 0 or n == 0 or a.shape[1] == 0:
+            return  # nothing to add; a launch with an empty grid is an error
+        from numba import cuda
+
+        # One host-to-device copy per panel; the accumulator never leaves the device.
+        d_a = cuda.to_device(np.ascontiguousarray(a))
+        d_b = cuda.to_device(np.ascontiguousarray(b))
+        cfg = self.variant.launch(m, n)
+        self._kernel[cfg.grid, cfg.block](d_a, d_b, self._c)
+
+    def _check_panels(self, a: NDArray[Any], b: NDArray[Any]) -> None:
+        m, n = self.shape
+        if a.ndim != 2 or b.ndim != 2:
+            raise ValueError(f"panels must be 2-D, got a.ndim={a.ndim}, b.ndim={b.ndim}")
+        if a.shape[0] != m or b.shape[1] != n or a.shape[1] != b.shape[0]:
+            raise ValueError(
+                f"panel shapes a{a.shape} @ b{b.shape} do not give the accumulator's {self.shape}; "
+                f"need a ({m}, w) and b (w, {n})"
+            )
+        if a.dtype != self.dtype or b.dtype != self.dtype:
+            raise TypeError(
+                f"panels must be {self.dtype} like the accumulator, got a {a.dtype}, b {b.dtype}; "
+                f"cast with astype(numpy.{self.dtype.name})"
+            )
+
+    def result(self) -> NDArray[Any]:
+        """The accumulated matrix as a C-contiguous host array."""
+        return np.ascontiguousarray(self._c.copy_to_host())

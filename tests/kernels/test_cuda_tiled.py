@@ -1,0 +1,174 @@
+"""Seed-fixed tiled kernel and CudaAccumulator, run in the Numba CUDA simulator.
+
+The kernel accumulates (C += A @ B), so "poison" here means: A, B and C are windows into larger
+NaN-filled device arrays. A read outside A or B (a missing zero fill) or a write outside C turns
+into NaN; an element the kernel skipped keeps its random start value and fails the comparison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from kernels import cuda_host, cuda_tiled
+from kernels.launch import LaunchConfig, tiled_launch
+
+pytestmark = [
+    pytest.mark.skipif(
+        not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
+    ),
+    # Test shapes are tiny on purpose; on a real GPU numba warns about the small grids.
+    pytest.mark.filterwarnings("ignore:Grid size .* under-utilization"),
+]
+
+DTYPES = [np.float32, np.float64]
+PAD = 2  # NaN border around every operand
+
+
+def assert_matmul_close(got: NDArray[Any], want: NDArray[np.float64], k: int) -> None:
+    """Compare to a float64 reference with a tolerance that grows with the K length."""
+    eps = float(np.finfo(got.dtype).eps)
+    np.testing.assert_allclose(got, want, rtol=8 * eps, atol=8 * eps * max(k, 1) * 4)
+
+
+def run_poisoned(
+    kernel: Callable[..., None], cfg: LaunchConfig, shape: tuple[int, int, int], dtype: type
+) -> None:
+    """Launch `kernel` on NaN-bordered windows of random A, B, C; check C0 + A @ B, borders."""
+    from numba import cuda
+
+    m, k, n = shape
+    rng = np.random.default_rng(m * 10_000 + k * 100 + n)
+
+    def bordered(rows: int, cols: int) -> NDArray[Any]:
+        arr = np.full((rows + 2 * PAD, cols + 2 * PAD), np.nan, dtype=dtype)
+        arr[PAD : PAD + rows, PAD : PAD + cols] = rng.standard_normal((rows, cols))
+        return arr
+
+    a, b, c = bordered(m, k), bordered(k, n), bordered(m, n)
+    d_a, d_b, d_c = cuda.to_device(a), cuda.to_device(b), cuda.to_device(c)
+    inner = (slice(PAD, -PAD), slice(PAD, -PAD))
+    cuda.jit(kernel)[cfg.grid, cfg.block](d_a[inner], d_b[inner], d_c[inner])
+    out = d_c.copy_to_host()
+    want = c[inner].astype(np.float64) + a[inner].astype(np.float64) @ b[inner]
+    assert_matmul_close(out[inner], want, k)
+    border = np.ones(out.shape, dtype=bool)
+    border[inner] = False
+    assert np.isnan(out[border]).all(), "kernel wrote outside C"
+
+
+@pytest.fixture
+def small_tile(monkeypatch: pytest.MonkeyPatch) -> Iterator[int]:
+    """4 x 4 tiles: 16 simulator threads per block instead of 256."""
+    monkeypatch.setattr(cuda_tiled, "TILE", 4)
+    yield 4
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 1, 1),  # smallest
+        (1, 6, 9),  # a row vector, 1 x N output
+        (9, 6, 1),  # a column vector, N x 1 output
+        (5, 7, 6),  # K not a multiple of the tile, nothing divisible
+        (8, 8, 4),  # everything divisible: no edge
+        (3, 0, 5),  # K = 0: C unchanged
+        (6, 13, 3),  # four K steps, the last partial
+    ],
+)
+def test_tiled_kernel_ragged(small_tile: int, shape: tuple[int, int, int], dtype: type) -> None:
+    m, _, n = shape
+    run_poisoned(cuda_tiled.make_tiled_kernel(dtype), tiled_launch(m, n, small_tile), shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_tiled_kernel_default_tile(dtype: type) -> None:
+    """The production 16 x 16 tile: two block rows, two K steps, ragged everywhere."""
+    assert cuda_tiled.TILE == 16
+    shape = (17, 20, 3)
+    run_poisoned(cuda_tiled.make_tiled_kernel(dtype), tiled_launch(17, 3, 16), shape, dtype)
+
+
+def test_make_tiled_kernel_rejects_int() -> None:
+    with pytest.raises(TypeError, match="support float32 and float64, got int32"):
+        cuda_tiled.make_tiled_kernel(np.int32)
+
+
+# --- CudaAccumulator with the tiled variants -------------------------------------------------
+
+TILED = ["tiled_float32", "tiled_float64"]
+
+
+@pytest.mark.parametrize("variant", TILED)
+@pytest.mark.parametrize(
+    ("m", "n", "widths"),
+    [
+        (5, 7, [3, 0, 5, 4]),  # several panels, one of width 0
+        (1, 9, [6, 6]),  # 1 x N
+        (9, 1, [1, 1, 1]),  # N x 1, panels of width 1
+    ],
+)
+def test_accumulator_streams_panels(
+    small_tile: int, variant: str, m: int, n: int, widths: list[int]
+) -> None:
+    dtype = cuda_host.VARIANTS[variant].dtype
+    rng = np.random.default_rng(len(widths))
+    acc = cuda_host.CudaAccumulator((m, n), dtype, variant=variant)
+    want = np.zeros((m, n))
+    for w in widths:
+        a = rng.standard_normal((m, w)).astype(dtype)
+        b = rng.standard_normal((w, n)).astype(dtype)
+        acc.add(a, b)
+        want += a.astype(np.float64) @ b
+    got = acc.result()
+    assert got.dtype == dtype and got.shape == (m, n) and got.flags.c_contiguous
+    assert_matmul_close(got, want, sum(widths))
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0), (0, 0)])
+def test_accumulator_zero_sized_output(shape: tuple[int, int]) -> None:
+    acc = cuda_host.CudaAccumulator(shape, np.dtype(np.float32))
+    acc.add(np.ones((shape[0], 3), np.float32), np.ones((3, shape[1]), np.float32))
+    assert acc.result().shape == shape
+
+
+def test_accumulator_zero_width_panel_keeps_zeros() -> None:
+    acc = cuda_host.CudaAccumulator((3, 2), np.dtype(np.float64))
+    acc.add(np.ones((3, 0)), np.ones((0, 2)))
+    np.testing.assert_array_equal(acc.result(), np.zeros((3, 2)))
+
+
+def test_accumulator_default_variant_per_dtype() -> None:
+    for dtype in DTYPES:
+        acc = cuda_host.CudaAccumulator((1, 1), np.dtype(dtype))
+        assert acc.variant.default and acc.variant.dtype == dtype
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.float16, np.complex64])
+def test_accumulator_rejects_dtype(dtype: type) -> None:
+    with pytest.raises(TypeError, match="support float32 and float64"):
+        cuda_host.CudaAccumulator((2, 2), np.dtype(dtype))
+
+
+def test_accumulator_rejects_bad_variant_and_panels() -> None:
+    with pytest.raises(ValueError, match="unknown CUDA kernel variant 'nope'"):
+        cuda_host.CudaAccumulator((2, 2), np.dtype(np.float32), variant="nope")
+    with pytest.raises(TypeError, match="computes float64, accumulator is float32"):
+        cuda_host.CudaAccumulator((2, 2), np.dtype(np.float32), variant="tiled_float64")
+    acc = cuda_host.CudaAccumulator((2, 2), np.dtype(np.float32))
+    with pytest.raises(ValueError, match=r"need a \(2, w\) and b \(w, 2\)"):
+        acc.add(np.ones((2, 3), np.float32), np.ones((4, 2), np.float32))
+    with pytest.raises(TypeError, match="panels must be float32"):
+        acc.add(np.ones((2, 3)), np.ones((3, 2)))
+
+
+def test_registry_has_one_default_per_dtype() -> None:
+    for dtype in DTYPES:
+        defaults = [v for v in cuda_host.VARIANTS.values() if v.dtype == dtype and v.default]
+        assert len(defaults) == 1
+    assert {"tiled_float32", "tiled_float64"} <= set(cuda_host.VARIANTS)
