@@ -1,0 +1,74 @@
+"""Cluster lifecycles: a local cluster we own and close, or a scheduler we only connect to."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Iterator
+
+from distributed import Client
+
+from cluster.spec import ClusterSpec, local_cluster_options
+
+log = logging.getLogger("pipeline")
+CONNECT_TIMEOUT_S = 10
+
+
+def count_gpus() -> int:
+    """GPUs this host can give workers: CUDA_VISIBLE_DEVICES if set, else NVML's count."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no driver, no library, no device: no GPU
+        return 0
+
+
+@contextlib.contextmanager
+def start(spec: ClusterSpec) -> Iterator[Client]:
+    """A Client on the cluster the spec asks for; a cluster we started is closed after."""
+    if spec.scheduler:
+        with connect(spec.scheduler) as client:
+            yield client
+        return
+    kind, options = local_cluster_options(spec, count_gpus(), os.cpu_count() or 1)
+    if kind == "cuda":
+        from dask_cuda import LocalCUDACluster
+
+        cluster = LocalCUDACluster(**options)
+    else:
+        from distributed import LocalCluster
+
+        cluster = LocalCluster(**options)
+    with cluster, Client(cluster) as client:
+        log.info(
+            "started %s with %d worker(s); dashboard: %s",
+            type(cluster).__name__,
+            len(cluster.workers),
+            client.dashboard_link,
+        )
+        yield client
+
+
+@contextlib.contextmanager
+def connect(address: str) -> Iterator[Client]:
+    """Join an existing scheduler; closing the client never shuts the cluster down."""
+    from pipeline.errors import ClusterError
+
+    try:
+        client = Client(address, timeout=CONNECT_TIMEOUT_S)
+    except (OSError, TimeoutError, ValueError) as e:
+        raise ClusterError(
+            f"cannot reach the scheduler at {address} within {CONNECT_TIMEOUT_S} s ({e}); "
+            "check the address and that `dask scheduler` is running there"
+        ) from e
+    try:
+        log.info("connected to %s; dashboard: %s", address, client.dashboard_link)
+        yield client
+    finally:
+        client.close()

@@ -1,0 +1,181 @@
+"""``pipeline.multiply``: the job the CLI runs, on a given Client or a local cluster."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import psutil
+from distributed import Client
+
+from cluster import ClusterSpec, start
+from pipeline import io
+from pipeline.errors import UsageError
+from pipeline.execute import collect, describe_workers, resolve_backend, submit_plan
+from pipeline.plan import MatmulPlan, parse_size, plan_matmul
+from pipeline.spec import ArraySpec, StoreSpec
+from pipeline.tasks import TaskSpec
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass(frozen=True)
+class MultiplyResult:
+    shape: tuple[int, int]
+    dtype: str
+    seconds: float
+    """Wall time of the whole call, cluster start-up included."""
+    tiles_computed: int
+    tiles_skipped: int
+    """Tiles a --resume found already written."""
+    bytes_read: int
+    """Bytes of input elements the tasks read from storage."""
+    backend: str
+    plan: MatmulPlan
+    verified: bool | None = None
+    """None when not asked to verify."""
+
+
+def multiply(
+    a: str,
+    b: str,
+    out: str,
+    *,
+    client: Client | None = None,
+    backend: str = "auto",
+    memory_limit: int | str | None = None,
+    overwrite: bool = False,
+    resume: bool = False,
+    verify: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    progress: bool = False,
+    cluster: ClusterSpec | None = None,
+    dry_run: bool = False,
+    report: str | None = None,
+) -> MultiplyResult:
+    """Compute ``out = a @ b`` for Zarr arrays at paths or fsspec URLs; see the README."""
+    started = time.perf_counter()
+    options = dict(storage_options or {})
+    budget = parse_size(memory_limit) if isinstance(memory_limit, str) else memory_limit
+    if backend not in ("auto", "cuda", "cpu"):
+        raise UsageError(f"unknown backend {backend!r}; choose auto, cuda or cpu")
+    if overwrite and resume:
+        raise UsageError("--overwrite and --resume exclude each other; pick one")
+    a_spec, b_spec = _input_specs(a, b, options)
+    io.check_output_path(out, [a, b], options)
+    state = io.output_state(out, options)
+    if state is not None:
+        io.refuse_existing(out, overwrite, resume)
+    # Refuse a plan that cannot fit before starting anything.
+    forced = tuple(state["tile_shape"]) if resume and state and "tile_shape" in state else None
+    plan = _plan(a_spec, b_spec, budget, cluster, None, forced)
+    if dry_run:
+        return MultiplyResult(plan.out.shape, plan.out.dtype, 0.0, 0, 0, 0, "none", plan)
+    with _client(client, cluster, budget) as c, _report(report):
+        plan = _plan(a_spec, b_spec, budget, cluster, describe_workers(c), forced)
+        chosen = resolve_backend(c, backend, plan.compute_dtype)
+        store = StoreSpec(a, b, out, options)
+        spec = TaskSpec(store, chosen, plan.compute_dtype, plan.out.dtype, fingerprint(plan))
+        skip = _prepare_output(store, plan, spec.fingerprint, state, resume)
+        run = collect(c, submit_plan(c, plan, spec, skip), progress)
+        _mark(store, plan, spec.fingerprint, complete=True)
+        verified = None
+        if verify:
+            from pipeline.verify import verify_product
+
+            verified = verify_product(c, a, b, out, options, progress=progress).passed
+            _mark(store, plan, spec.fingerprint, complete=True, verified=verified)
+    return MultiplyResult(
+        plan.out.shape, plan.out.dtype, time.perf_counter() - started, run.tiles_computed,
+        len(skip), run.bytes_read, chosen, plan, verified,
+    )  # fmt: skip
+
+
+def fingerprint(plan: MatmulPlan) -> str:
+    """Digest of what decides the output's bytes: inputs' shapes, chunks, dtypes and the tiling."""
+    key = {"a": asdict(plan.a), "b": asdict(plan.b), "out": asdict(plan.out),
+           "tile": plan.tile_shape, "panels": plan.k_panels}  # fmt: skip
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _input_specs(a: str, b: str, options: dict[str, Any]) -> tuple[ArraySpec, ArraySpec]:
+    a_spec = io.array_spec(io.open_input(a, options, "A"), "A")
+    b_spec = io.array_spec(io.open_input(b, options, "B"), "B")
+    return a_spec, b_spec
+
+
+def _plan(
+    a: ArraySpec,
+    b: ArraySpec,
+    budget: int | None,
+    cluster: ClusterSpec | None,
+    live: dict[str, Any] | None,
+    tile_shape: tuple[int, ...] | None,
+) -> MatmulPlan:
+    """Plan for the live workers when known, else for the cluster the spec will start."""
+    total = psutil.virtual_memory().total
+    if live is None:
+        spec = cluster or ClusterSpec()
+        workers = spec.workers or 1
+        threads = spec.threads_per_worker or max((psutil.cpu_count() or 1) // workers, 1)
+        limit = budget or total // workers
+    else:
+        workers, threads = live["workers"], live["threads"]
+        limit = min(x for x in (budget, live["memory_limit"] or total) if x)
+    return plan_matmul(
+        a, b, workers=workers, threads_per_worker=threads, memory_limit_bytes=limit,
+        tile_shape=(tile_shape[0], tile_shape[1]) if tile_shape else None,
+    )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _client(
+    client: Client | None, cluster: ClusterSpec | None, budget: int | None
+) -> Iterator[Client]:
+    if client is not None:
+        yield client
+        return
+    spec = cluster or ClusterSpec()
+    if budget and not spec.memory_limit_bytes and not spec.scheduler:
+        from dataclasses import replace
+
+        spec = replace(spec, memory_limit_bytes=budget)
+    with start(spec) as c:
+        yield c
+
+
+def _report(path: str | None) -> Any:
+    """distributed's performance report of the run, saved as HTML when asked for."""
+    if not path:
+        return contextlib.nullcontext()
+    from distributed import performance_report
+
+    return performance_report(filename=path)
+
+
+def _prepare_output(
+    store: StoreSpec, plan: MatmulPlan, fp: str, state: dict[str, Any] | None, resume: bool
+) -> set[tuple[int, int]]:
+    """Create OUT (or keep it for --resume) and return the tiles already done."""
+    if resume and state is not None:
+        from pipeline.journal import finished_tiles
+
+        return finished_tiles(store, plan, fp, state)
+    io.create_output(
+        store.out_url, plan.out.shape, plan.out.chunks, plan.out.dtype,
+        {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)},
+        store.storage_options, overwrite=True,
+    )  # fmt: skip
+    return set()
+
+
+def _mark(store: StoreSpec, plan: MatmulPlan, fp: str, **attrs: Any) -> None:
+    array = io.open_output(store.out_url, store.storage_options)
+    current = dict(array.attrs).get(io.ATTRS_KEY, {})
+    array.attrs[io.ATTRS_KEY] = {**current, "fingerprint": fp, **attrs}

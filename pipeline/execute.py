@@ -1,0 +1,135 @@
+"""Run a plan on a distributed Client: one task per tile (and K group), whole-chunk writes."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from dask.base import tokenize
+from distributed import Client, Future, wait
+
+from kernels import CUDA_DTYPES, probe_devices
+from pipeline import tasks
+from pipeline.errors import BackendUnavailableError, JobError
+from pipeline.plan import MatmulPlan
+from pipeline.spec import Tile
+from pipeline.tasks import TaskSpec, TileStats
+
+log = logging.getLogger("pipeline")
+
+
+@dataclass(frozen=True)
+class RunStats:
+    tiles_computed: int
+    bytes_read: int
+    stats: tuple[TileStats, ...]
+
+
+def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
+    """"auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it."""
+    devices = client.run(probe_devices)
+    if not devices:
+        raise BackendUnavailableError("the cluster has no workers to run on")
+    if requested == "cpu":
+        return "cpu"
+    all_cuda = all(d["cuda"] for d in devices.values())
+    all_gpu = all(d["gpu"] for d in devices.values())
+    if requested == "cuda":
+        if not all_cuda:
+            missing = sorted(w for w, d in devices.items() if not d["cuda"])
+            raise BackendUnavailableError(
+                f"--backend cuda needs a CUDA GPU on every worker, but {len(missing)} of "
+                f"{len(devices)} worker(s) see none ({', '.join(missing)}); "
+                "use --backend cpu or auto, or start workers with `dask cuda worker`"
+            )
+        if compute_dtype not in CUDA_DTYPES:
+            raise BackendUnavailableError(
+                f"the cuda backend computes float32 and float64 only, not {compute_dtype}; "
+                "use --backend cpu or convert the inputs"
+            )
+        return "cuda"
+    chosen = "cuda" if all_gpu and compute_dtype in CUDA_DTYPES else "cpu"
+    reason = "GPUs on every worker" if chosen == "cuda" else "no GPU on some worker"
+    if all_gpu and chosen == "cpu":
+        reason = f"{compute_dtype} is not a GPU dtype"
+    log.info("backend: %s (%s)", chosen, reason)
+    return chosen
+
+
+def submit_plan(
+    client: Client, plan: MatmulPlan, spec: TaskSpec, skip: set[tuple[int, int]]
+) -> list[Future]:
+    """Submit every unfinished tile; returns one future per tile, resolving to TileStats."""
+    run = uuid.uuid4().hex[:8]  # fresh keys: never reuse a result from an earlier run
+    groups = plan.k_groups()
+    futures = []
+    for tile in plan.tiles():
+        if tile.index in skip:
+            continue
+        token = tokenize(spec, tile, plan.k_panels, run)
+        if plan.split_k == 1:
+            futures.append(
+                client.submit(tasks.tile_product_write, spec, tile, groups[0],
+                              key=f"matmul-tile-{token}")  # fmt: skip
+            )
+            continue
+        partials = [
+            client.submit(tasks.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")
+            for g, group in enumerate(groups)
+        ]
+        total = _tree_sum(client, partials, token)
+        futures.append(client.submit(tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}"))
+    return futures
+
+
+def _tree_sum(client: Client, parts: list[Future], token: str) -> Future:
+    """Pairwise sums in a fixed order, so the result is the same on any number of workers."""
+    level = 0
+    while len(parts) > 1:
+        nxt = [
+            client.submit(tasks.sum_partials, parts[i], parts[i + 1],
+                          key=f"matmul-reduce-{token}-{level}-{i}")  # fmt: skip
+            for i in range(0, len(parts) - 1, 2)
+        ]
+        if len(parts) % 2:
+            nxt.append(parts[-1])
+        parts, level = nxt, level + 1
+    return parts[0]
+
+
+def collect(client: Client, futures: list[Future], progress: bool) -> RunStats:
+    """Wait for the tiles (with distributed's progress bar) and gather their small stats."""
+    if progress and futures:
+        from distributed import progress as progress_bar
+
+        progress_bar(futures)
+    wait(futures)
+    failed = [f for f in futures if f.status == "error"]
+    if failed:
+        error = failed[0].exception()
+        raise JobError(
+            f"{len(failed)} of {len(futures)} tile task(s) failed; first: "
+            f"{type(error).__name__}: {error}"
+        )
+    stats: list[TileStats] = client.gather(futures)
+    return RunStats(len(stats), sum(s.bytes_read for s in stats), tuple(stats))
+
+
+def tiles_of(plan: MatmulPlan) -> dict[tuple[int, int], Tile]:
+    return {t.index: t for t in plan.tiles()}
+
+
+def describe_workers(client: Client) -> dict[str, Any]:
+    """Worker count, threads and memory limit (the smallest, which the plan must fit)."""
+    workers = client.scheduler_info(n_workers=-1)["workers"]
+    if not workers:
+        from pipeline.errors import ClusterError
+
+        raise ClusterError("the cluster has no workers; start some with `dask worker ADDRESS`")
+    return {
+        "workers": len(workers),
+        "threads": min(w["nthreads"] for w in workers.values()),
+        "memory_limit": min(w.get("memory_limit") or 0 for w in workers.values()),
+    }

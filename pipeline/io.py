@@ -1,0 +1,199 @@
+"""Zarr I/O: inputs opened read-only (v2 or v3, any fsspec URL), the output created as v3."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any
+
+import fsspec
+import numpy as np
+import zarr
+import zarr.errors
+from numpy.typing import NDArray
+
+from pipeline.errors import (
+    InputError,
+    InputNotFoundError,
+    OutputExistsError,
+    UnsafeOutputError,
+    UsageError,
+)
+from pipeline.spec import ArraySpec
+
+ATTRS_KEY = "tilegemm"
+"""Attribute namespace this tool writes into OUT; its presence marks OUT as ours."""
+
+
+def open_input(url: str, storage_options: dict[str, Any] | None = None, name: str = "A") -> Any:
+    """Open a Zarr array read-only, or raise a PipelineError that names the problem."""
+    try:
+        array = zarr.open_array(url, mode="r", storage_options=_options(url, storage_options))
+    except FileNotFoundError as e:
+        raise InputNotFoundError(f"{name} ({url}) does not exist; check the path") from e
+    except zarr.errors.NodeTypeValidationError as e:
+        raise InputError(
+            f"{name} ({url}) is a Zarr group, not an array; give the path of an array inside it"
+        ) from e
+    except zarr.errors.NodeNotFoundError as e:
+        raise InputNotFoundError(
+            f"{name} ({url}) holds no Zarr array (no .zarray or zarr.json found); "
+            "give the path of a Zarr array"
+        ) from e
+    except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
+        raise InputError(f"{name} ({url}) cannot be opened as a Zarr array: {e}") from e
+    return array
+
+
+def array_spec(array: Any, name: str) -> ArraySpec:
+    """Shape, chunks and dtype of an opened array, refusing what cannot be multiplied."""
+    if array.ndim != 2:
+        raise InputError(
+            f"{name} has {array.ndim} dimension(s) {tuple(array.shape)}; "
+            "only 2-D matrices can be multiplied"
+        )
+    dtype = np.dtype(array.dtype)
+    if dtype.kind not in "biufc":
+        raise InputError(
+            f"{name} has dtype {dtype}, which is not numeric; store it as float32 or float64"
+        )
+    return ArraySpec(
+        (int(array.shape[0]), int(array.shape[1])),
+        (int(array.chunks[0]), int(array.chunks[1])),
+        str(dtype),
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _cached_array(url: str, options_json: str, mode: str, token: str) -> Any:
+    return zarr.open_array(url, mode=mode, storage_options=_options(url, json.loads(options_json)))
+
+
+def worker_array(
+    url: str, storage_options: dict[str, Any], token: str, writable: bool = False
+) -> Any:
+    """An array handle cached per worker process and job ``token`` (a store may be replaced
+    between jobs on a long-lived cluster), so tasks don't re-read metadata."""
+    options = json.dumps(storage_options, sort_keys=True)
+    return _cached_array(url, options, "r+" if writable else "r", token)
+
+
+def read_block(array: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: str) -> NDArray[Any]:
+    """A C-contiguous block in ``dtype``, read by slice (no rechunk of the store)."""
+    block = array[rows[0] : rows[1], cols[0] : cols[1]]
+    return np.ascontiguousarray(block, dtype=dtype)
+
+
+def create_output(
+    url: str,
+    shape: tuple[int, int],
+    chunks: tuple[int, int],
+    dtype: str,
+    attributes: dict[str, Any],
+    storage_options: dict[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Any:
+    """Create OUT as a Zarr v3 array. Floats are filled with NaN so unwritten tiles show."""
+    fill = np.nan if np.dtype(dtype).kind in "fc" else 0
+    return zarr.create_array(
+        url,
+        shape=shape,
+        chunks=tuple(max(c, 1) for c in chunks),
+        dtype=dtype,
+        fill_value=fill,
+        zarr_format=3,
+        attributes={ATTRS_KEY: attributes},
+        storage_options=_options(url, storage_options),
+        overwrite=overwrite,
+    )
+
+
+def output_exists(url: str, storage_options: dict[str, Any] | None) -> bool:
+    fs, path = url_to_fs(url, storage_options)
+    return bool(fs.exists(path))
+
+
+def output_state(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """None when OUT does not exist; our attributes when it is one of our arrays; else refuse."""
+    fs, path = url_to_fs(url, storage_options)
+    if not fs.exists(path):
+        return None
+    try:
+        array = zarr.open_array(url, mode="r", storage_options=_options(url, storage_options))
+        attrs = dict(array.attrs).get(ATTRS_KEY)
+    except Exception:  # noqa: BLE001 - anything unreadable is "not ours"
+        attrs = None
+    if not isinstance(attrs, dict):
+        raise UnsafeOutputError(
+            f"OUT ({url}) exists and is not a Zarr array written by this tool; "
+            "it will not be replaced: choose another OUT path or remove it yourself"
+        )
+    return attrs
+
+
+def check_output_path(
+    out: str, inputs: list[str], storage_options: dict[str, Any] | None
+) -> None:
+    """Refuse OUT equal to, inside, or containing an input (overwrite could destroy it)."""
+    out_key = _location(out, storage_options)
+    for name, url in zip(("A", "B", "C"), inputs, strict=False):
+        key = _location(url, storage_options)
+        if out_key == key or _inside(out_key, key) or _inside(key, out_key):
+            raise UnsafeOutputError(
+                f"OUT ({out}) overlaps input {name} ({url}); inputs are never written: "
+                "choose an OUT path outside every input"
+            )
+
+
+def refuse_existing(out: str, overwrite: bool, resume: bool) -> None:
+    if not (overwrite or resume):
+        raise OutputExistsError(
+            f"OUT ({out}) already exists; pass --overwrite to replace it or --resume to "
+            "finish an interrupted run"
+        )
+
+
+def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    try:
+        return fsspec.core.url_to_fs(url, **(_options(url, storage_options) or {}))
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"cannot open {url}: {e}") from e
+
+
+def write_bytes(url: str, relpath: str, data: bytes, storage_options: dict[str, Any]) -> None:
+    fs, path = url_to_fs(url, storage_options)
+    target = f"{path.rstrip('/')}/{relpath}"
+    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)  # a no-op on object stores
+    fs.pipe_file(target, data)
+
+
+def list_json(url: str, relpath: str, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    fs, path = url_to_fs(url, storage_options)
+    folder = f"{path.rstrip('/')}/{relpath}"
+    if not fs.exists(folder):
+        return []
+    return [json.loads(fs.cat_file(p)) for p in sorted(fs.ls(folder, detail=False))]
+
+
+def _location(url: str, storage_options: dict[str, Any] | None) -> tuple[str, str]:
+    fs, path = url_to_fs(url, storage_options)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        path = os.path.realpath(path)
+    return (protocol, path.rstrip("/"))
+
+
+def _inside(child: tuple[str, str], parent: tuple[str, str]) -> bool:
+    return child[0] == parent[0] and child[1].startswith(parent[1] + "/")
+
+
+def open_output(url: str, storage_options: dict[str, Any] | None) -> Any:
+    return zarr.open_array(url, mode="r+", storage_options=_options(url, storage_options))
+
+
+def _options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """fsspec options apply only to URLs; zarr refuses them for local paths."""
+    if not storage_options or "://" not in url or url.startswith("file://"):
+        return None
+    return storage_options

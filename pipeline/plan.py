@@ -1,0 +1,345 @@
+"""The pure planner: shapes, chunks, dtypes, workers and a memory budget in; a frozen plan out.
+
+No I/O and no dask/zarr/numba imports. Every size is an int: elements or ``*_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.errors import InputError, MemoryBudgetError, UsageError
+from pipeline.spec import ArraySpec, Tile
+
+WORKER_OVERHEAD_BYTES = 256 * 2**20
+"""Interpreter, dask and zarr state of one worker process, kept out of the task budget."""
+MIN_PANEL_WIDTH = 512
+"""Narrower K panels waste BLAS calls and storage requests, so adjacent chunks are merged."""
+FLOPS_PER_THREAD = 50e9
+"""Planning guess of one worker thread's multiply rate, in flop/s (only ratios matter)."""
+DECODE_BYTES_PER_THREAD = 0.5e9
+"""Planning guess of one thread's read and decode rate, in bytes/s."""
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    """How ``out = a @ b`` is cut into tasks, and what that costs."""
+
+    a: ArraySpec
+    b: ArraySpec
+    out: ArraySpec
+    compute_dtype: str
+    """dtype of the accumulator and of the panels given to the kernel."""
+    tile_shape: tuple[int, int]
+    """Rows and columns of a full tile, in elements (whole output chunks)."""
+    k_panels: tuple[tuple[int, int], ...]
+    """[k0, k1) ranges that every tile streams, in order."""
+    split_k: int
+    """Number of K groups per tile; 1 means no split."""
+    workers: int
+    threads_per_worker: int
+    memory_limit_bytes: int
+    """Budget of one worker process, in bytes."""
+    task_bytes: int
+    """Projected peak host memory of one task, in bytes."""
+    worker_bytes: int
+    """Projected peak host memory of one worker (its busy threads and held partials), in bytes."""
+    device_bytes: int
+    """Projected device memory of one task on the cuda backend, in bytes."""
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Number of tile rows and tile columns."""
+        (m, n), (tm, tn) = self.out.shape, self.tile_shape
+        return (_ceil_div(m, tm), _ceil_div(n, tn))
+
+    @property
+    def n_tiles(self) -> int:
+        rows, cols = self.grid
+        return rows * cols
+
+    @property
+    def n_tasks(self) -> int:
+        return self.n_tiles * self.split_k
+
+    @property
+    def flops(self) -> int:
+        (m, k), n = self.a.shape, self.b.shape[1]
+        return 2 * m * n * k
+
+    @property
+    def read_bytes(self) -> int:
+        """Planned bytes read from storage: each tile reads its A row block and B column block."""
+        (m, k), n = self.a.shape, self.b.shape[1]
+        rows, cols = self.grid
+        a_item, b_item = np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize
+        return cols * m * k * a_item + rows * k * n * b_item
+
+    @property
+    def compulsory_read_bytes(self) -> int:
+        """Every input element once."""
+        (m, k), n = self.a.shape, self.b.shape[1]
+        return m * k * np.dtype(self.a.dtype).itemsize + k * n * np.dtype(self.b.dtype).itemsize
+
+    @property
+    def lower_bound_read_bytes(self) -> int:
+        """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per worker thread."""
+        (m, k), n = self.a.shape, self.b.shape[1]
+        item = max(np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize)
+        per_thread = (self.memory_limit_bytes - WORKER_OVERHEAD_BYTES) // self.threads_per_worker
+        s = max(per_thread // np.dtype(self.compute_dtype).itemsize, 1)
+        bound = int(2 * m * n * k / math.sqrt(s)) * item
+        return max(bound, self.compulsory_read_bytes)
+
+    def tiles(self) -> Iterator[Tile]:
+        """Tiles in row-major order."""
+        (m, n), (tm, tn) = self.out.shape, self.tile_shape
+        rows, cols = self.grid
+        for i in range(rows):
+            for j in range(cols):
+                yield Tile((i, j), (i * tm, min((i + 1) * tm, m)), (j * tn, min((j + 1) * tn, n)))
+
+    def k_groups(self) -> list[tuple[tuple[int, int], ...]]:
+        """The K panels split into ``split_k`` contiguous groups (fixed order: deterministic)."""
+        return [tuple(g) for g in _split_even(list(self.k_panels), self.split_k)]
+
+
+def result_dtype(a_dtype: str, b_dtype: str) -> tuple[str, str]:
+    """Output dtype (``numpy.result_type``) and accumulator dtype; refuses non-numeric ones."""
+    for name, dt in (("A", np.dtype(a_dtype)), ("B", np.dtype(b_dtype))):
+        if dt.kind not in "biufc":
+            raise InputError(
+                f"{name} has dtype {dt}, which is not numeric; "
+                "convert it to a float, integer or complex dtype"
+            )
+    out = np.result_type(a_dtype, b_dtype)
+    compute = np.dtype("float32") if out == np.float16 else out
+    return str(out), str(compute)
+
+
+def plan_k_panels(k: int, a_chunk: int, b_chunk: int, target: int) -> tuple[tuple[int, int], ...]:
+    """K ranges of about ``target`` wide, cut where both inputs' chunks end when possible.
+
+    A cut at a boundary of only one grid makes the other array decode that chunk twice,
+    so boundaries shared by both grids are preferred, then either grid's, then any.
+    """
+    target = max(target, a_chunk, b_chunk, 1)
+    panels, start = [], 0
+    while start < k:
+        limit = min(start + target, k)
+        stop = limit
+        if limit < k:
+            common = _last_multiple(limit, math.lcm(a_chunk, b_chunk))
+            either = max(_last_multiple(limit, a_chunk), _last_multiple(limit, b_chunk))
+            stop = common if common > start else either if either > start else limit
+        panels.append((start, stop))
+        start = stop
+    return tuple(panels)
+
+
+def plan_matmul(
+    a: ArraySpec,
+    b: ArraySpec,
+    *,
+    workers: int,
+    threads_per_worker: int,
+    memory_limit_bytes: int,
+    panel_width: int | None = None,
+    tile_shape: tuple[int, int] | None = None,
+) -> MatmulPlan:
+    """Choose the tile shape and K split that finish soonest within the memory budget.
+
+    ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with).
+    """
+    _check_operands(a, b)
+    if workers < 1 or threads_per_worker < 1:
+        raise UsageError(
+            f"need at least one worker and one thread, got {workers} worker(s) "
+            f"with {threads_per_worker} thread(s)"
+        )
+    out_dtype, compute_dtype = result_dtype(a.dtype, b.dtype)
+    (m, k), n = a.shape, b.shape[1]
+    out = ArraySpec((m, n), (a.chunks[0], b.chunks[1]), out_dtype)
+    width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
+    panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
+    best: tuple[tuple[float, int], MatmulPlan] | None = None
+    smallest: MatmulPlan | None = None
+    candidates = [tile_shape] if tile_shape else _tile_candidates(out)
+    for shape in candidates:
+        plan = _candidate(a, b, out, compute_dtype, shape, panels, workers, threads_per_worker)
+        plan = _with_budget(plan, memory_limit_bytes)
+        if smallest is None or plan.worker_bytes < smallest.worker_bytes:
+            smallest = plan
+        if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
+            continue
+        score = (_estimated_seconds(plan), plan.read_bytes)
+        if best is None or score < best[0]:
+            best = (score, plan)
+    if best is None:
+        assert smallest is not None
+        raise MemoryBudgetError(_budget_message(smallest, memory_limit_bytes))
+    return best[1]
+
+
+def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
+    for name, spec in (("A", a), ("B", b)):
+        if len(spec.shape) != 2:
+            raise InputError(
+                f"{name} has {len(spec.shape)} dimension(s) {spec.shape}; "
+                "only 2-D matrices can be multiplied"
+            )
+    if a.shape[1] != b.shape[0]:
+        raise InputError(
+            f"shapes do not contract: A is {a.shape[0]}x{a.shape[1]} and B is "
+            f"{b.shape[0]}x{b.shape[1]}; A's columns ({a.shape[1]}) must equal B's rows "
+            f"({b.shape[0]})"
+        )
+
+
+def _tile_candidates(out: ArraySpec) -> Iterator[tuple[int, int]]:
+    """Tile shapes made of whole output chunks, one per distinct tile count along each axis."""
+    (m, n), (cm, cn) = out.shape, out.chunks
+    for rows in _distinct_multiples(_ceil_div(m, cm)):
+        for cols in _distinct_multiples(_ceil_div(n, cn)):
+            yield (max(min(rows * cm, m), 1), max(min(cols * cn, n), 1))
+
+
+def _distinct_multiples(count: int) -> list[int]:
+    """Chunks per tile giving every distinct number of tiles along an axis of ``count`` chunks."""
+    if count <= 1:
+        return [1]
+    return sorted({_ceil_div(count, q) for q in range(1, count + 1)})
+
+
+def _candidate(
+    a: ArraySpec,
+    b: ArraySpec,
+    out: ArraySpec,
+    compute_dtype: str,
+    tile_shape: tuple[int, int],
+    panels: tuple[tuple[int, int], ...],
+    workers: int,
+    threads: int,
+) -> MatmulPlan:
+    (m, n), (tm, tn) = out.shape, tile_shape
+    n_tiles = _ceil_div(m, tm) * _ceil_div(n, tn)
+    slots = workers * threads
+    split = min(len(panels), _ceil_div(slots, n_tiles)) if 0 < n_tiles < slots else 1
+    return MatmulPlan(
+        a=a, b=b, out=out, compute_dtype=compute_dtype, tile_shape=tile_shape, k_panels=panels,
+        split_k=max(split, 1), workers=workers, threads_per_worker=threads,
+        memory_limit_bytes=0, task_bytes=0, worker_bytes=0, device_bytes=0,
+    )  # fmt: skip
+
+
+def _with_budget(plan: MatmulPlan, memory_limit_bytes: int) -> MatmulPlan:
+    """Fill in the projected memory of a task and of a worker."""
+    from dataclasses import replace
+
+    task, device = calculate_task_bytes(plan)
+    tm, tn = plan.tile_shape
+    acc = tm * tn * np.dtype(plan.compute_dtype).itemsize
+    # Split-K partials wait in worker memory until their reduction runs.
+    held = _ceil_div(plan.n_tasks, plan.workers) * acc if plan.split_k > 1 else 0
+    busy = min(plan.threads_per_worker, plan.n_tasks)
+    worker = busy * task + held
+    return replace(
+        plan,
+        memory_limit_bytes=memory_limit_bytes,
+        task_bytes=task,
+        worker_bytes=worker,
+        device_bytes=device,
+    )
+
+
+def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
+    """Projected peak host and device bytes of one tile task.
+
+    Host: the accumulator, the output cast, and two panels of A and B (the one in use and the
+    one being prefetched), each possibly held in both the stored and the compute dtype, plus one
+    decoded chunk of each input (zarr decodes whole chunks before slicing).
+    """
+    tm, tn = plan.tile_shape
+    width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
+    a_item, b_item = np.dtype(plan.a.dtype).itemsize, np.dtype(plan.b.dtype).itemsize
+    c_item, o_item = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
+    a_panel = tm * width * (a_item + (c_item if plan.a.dtype != plan.compute_dtype else 0))
+    b_panel = width * tn * (b_item + (c_item if plan.b.dtype != plan.compute_dtype else 0))
+    chunks = math.prod(plan.a.chunks) * a_item + math.prod(plan.b.chunks) * b_item
+    acc = tm * tn * c_item
+    reduce = 3 * acc if plan.split_k > 1 else 0
+    host = max(acc + tm * tn * o_item + 2 * (a_panel + b_panel) + chunks, reduce)
+    device = acc + (tm * width + width * tn) * c_item
+    return host, device
+
+
+def _estimated_seconds(plan: MatmulPlan) -> float:
+    """Makespan model: rounds of equal tasks, each multiplying and decoding its panels."""
+    tm, tn = plan.tile_shape
+    k = plan.a.shape[1]
+    task_flops = 2 * tm * tn * k / plan.split_k
+    item = np.dtype(plan.a.dtype).itemsize
+    task_read = (tm + tn) * k * item / plan.split_k
+    rounds = _ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
+    return rounds * (task_flops / FLOPS_PER_THREAD + task_read / DECODE_BYTES_PER_THREAD)
+
+
+def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
+    need = plan.worker_bytes + WORKER_OVERHEAD_BYTES
+    return (
+        f"no plan fits the memory limit: the smallest needs {format_bytes(need)} per worker "
+        f"({plan.threads_per_worker} thread(s) x {format_bytes(plan.task_bytes)} per task for "
+        f"{plan.tile_shape[0]}x{plan.tile_shape[1]} tiles, plus "
+        f"{format_bytes(WORKER_OVERHEAD_BYTES)} overhead) but the limit is "
+        f"{format_bytes(memory_limit_bytes)}; raise --memory-limit, use fewer threads per "
+        "worker, or store the inputs with smaller chunks"
+    )
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MB', '1e9' or '100' (bytes) to an int number of bytes."""
+    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
+             "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
+             "tib": 2**40}  # fmt: skip
+    s = text.strip().lower().replace(" ", "")
+    number = s.rstrip("kmgtib")
+    unit = s[len(number) :]
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if unit not in units or value <= 0 or not math.isfinite(value):
+        raise UsageError(
+            f"cannot read size {text!r}; write a positive number with an optional unit, "
+            "e.g. 4GiB, 512MB or 1000000"
+        )
+    return int(value * units[unit])
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _last_multiple(limit: int, step: int) -> int:
+    return (limit // step) * step
+
+
+def _split_even(items: list[tuple[int, int]], groups: int) -> list[list[tuple[int, int]]]:
+    size, extra = divmod(len(items), groups)
+    out, start = [], 0
+    for g in range(groups):
+        stop = start + size + (1 if g < extra else 0)
+        out.append(items[start:stop])
+        start = stop
+    return out

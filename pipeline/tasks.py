@@ -1,0 +1,112 @@
+"""Functions that run on the workers: read panels, multiply, reduce, write whole chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kernels import make_accumulator
+from pipeline import io
+from pipeline.spec import StoreSpec, Tile
+
+Panel = tuple[NDArray[Any], NDArray[Any]]
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs besides its tile; pickled once per task."""
+
+    store: StoreSpec
+    backend: str
+    """"cpu" or "cuda" (already resolved from "auto")."""
+    compute_dtype: str
+    out_dtype: str
+    fingerprint: str
+    """The plan's fingerprint, written into journal entries."""
+
+
+@dataclass(frozen=True)
+class TileStats:
+    index: tuple[int, int]
+    bytes_read: int
+    seconds: float
+    checksum: int
+    """crc32 of the tile's bytes as written."""
+
+
+def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
+    """``A[rows, K] @ B[K, cols]`` over the given K panels, in one accumulator.
+
+    Returns (partial, bytes_read). The next panel is read while the current one multiplies.
+    """
+    a = io.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
+    b = io.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
+    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype)
+    bytes_read = 0
+    for a_panel, b_panel in _prefetched(a, b, tile, panels, spec.compute_dtype):
+        bytes_read += _stored_bytes(a, a_panel) + _stored_bytes(b, b_panel)
+        acc.add(a_panel, b_panel)
+    return acc.result(), bytes_read
+
+
+def sum_partials(x: Any, y: Any) -> Any:
+    """One node of the split-K tree: the sum of two (partial, bytes_read) pairs."""
+    total = x[0]
+    total += y[0]
+    return total, x[1] + y[1]
+
+
+def tile_write(spec: TaskSpec, tile: Tile, product: Any, started: float | None = None) -> TileStats:
+    """Write the tile's whole chunks (this task is their only writer), then journal it."""
+    start = time.perf_counter() if started is None else started
+    partial, bytes_read = product
+    out = io.worker_array(
+        spec.store.out_url, spec.store.storage_options, spec.fingerprint, writable=True
+    )
+    data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
+    if data.size:
+        out[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]] = data
+    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, zlib.crc32(data))
+    entry = {"fingerprint": spec.fingerprint, **asdict(stats)}
+    name = f"journal/tile-{tile.index[0]}-{tile.index[1]}.json"
+    io.write_bytes(spec.store.out_url, name, json.dumps(entry).encode(), spec.store.storage_options)
+    return stats
+
+
+def tile_product_write(
+    spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
+) -> TileStats:
+    """The unsplit case: product and write in one task, so the tile never leaves the worker."""
+    start = time.perf_counter()
+    return tile_write(spec, tile, tile_product(spec, tile, panels), start)
+
+
+def _prefetched(
+    a: Any, b: Any, tile: Tile, panels: tuple[tuple[int, int], ...], dtype: str
+) -> Iterator[Panel]:
+    """Yield the panels in order, reading panel i+1 in a thread while panel i is used."""
+
+    def read(k: tuple[int, int]) -> Panel:
+        return io.read_block(a, tile.rows, k, dtype), io.read_block(b, k, tile.cols, dtype)
+
+    if not panels:
+        return
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="panel-read") as pool:
+        pending = pool.submit(read, panels[0])
+        for nxt in panels[1:]:
+            current = pending.result()
+            pending = pool.submit(read, nxt)
+            yield current
+        yield pending.result()
+
+
+def _stored_bytes(array: Any, block: NDArray[Any]) -> int:
+    return int(block.size) * int(np.dtype(array.dtype).itemsize)
