@@ -21,7 +21,9 @@ MIN_PANEL_WIDTH = 512
 FLOPS_PER_THREAD = 50e9
 """Planning guess of one worker thread's multiply rate, in flop/s (only ratios matter)."""
 DECODE_BYTES_PER_THREAD = 0.5e9
-"""Planning guess of one thread's read and decode rate, in bytes/s."""
+"""Planning guess of one thread's read-and-decode (or encode-and-write) rate, in bytes/s."""
+REDUCE_BYTES_PER_SECOND = 2e9
+"""Planning guess of moving and adding split-K partials, in bytes/s."""
 
 
 @dataclass(frozen=True)
@@ -277,14 +279,20 @@ def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
 
 
 def _estimated_seconds(plan: MatmulPlan) -> float:
-    """Makespan model: rounds of equal tasks, each multiplying and decoding its panels."""
+    """Makespan model: rounds of equal tasks, each multiplying and decoding its panels, then
+    the split-K tree (three tile buffers moved per level) and the tile's single writer."""
     tm, tn = plan.tile_shape
     k = plan.a.shape[1]
     task_flops = 2 * tm * tn * k / plan.split_k
     item = np.dtype(plan.a.dtype).itemsize
     task_read = (tm + tn) * k * item / plan.split_k
     rounds = _ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
-    return rounds * (task_flops / FLOPS_PER_THREAD + task_read / DECODE_BYTES_PER_THREAD)
+    product = rounds * (task_flops / FLOPS_PER_THREAD + task_read / DECODE_BYTES_PER_THREAD)
+    acc = tm * tn * np.dtype(plan.compute_dtype).itemsize
+    levels = math.ceil(math.log2(plan.split_k)) if plan.split_k > 1 else 0
+    write_rounds = _ceil_div(plan.n_tiles, plan.workers * plan.threads_per_worker)
+    finish = levels * 3 * acc / REDUCE_BYTES_PER_SECOND + acc / DECODE_BYTES_PER_THREAD
+    return product + write_rounds * finish
 
 
 def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
