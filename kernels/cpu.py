@@ -9,8 +9,12 @@ from numpy.typing import NDArray
 from scipy.linalg import blas
 
 # gemm with beta=1 avoids the temporary and extra pass of `acc += a @ b` (~20 % measured).
-_GEMM = {"float32": blas.sgemm, "float64": blas.dgemm, "complex64": blas.cgemm,
-         "complex128": blas.zgemm}  # fmt: skip
+_GEMM = {
+    "float32": blas.sgemm,
+    "float64": blas.dgemm,
+    "complex64": blas.cgemm,
+    "complex128": blas.zgemm,
+}
 
 
 class CpuAccumulator:

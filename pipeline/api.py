@@ -92,15 +92,27 @@ def multiply(
             verified = verify_product(c, a, b, out, options, progress=progress).passed
             _mark(store, plan, spec.fingerprint, complete=True, verified=verified)
     return MultiplyResult(
-        plan.out.shape, plan.out.dtype, time.perf_counter() - started, run.tiles_computed,
-        len(skip), run.bytes_read, chosen, plan, verified,
-    )  # fmt: skip
+        plan.out.shape,
+        plan.out.dtype,
+        time.perf_counter() - started,
+        run.tiles_computed,
+        len(skip),
+        run.bytes_read,
+        chosen,
+        plan,
+        verified,
+    )
 
 
 def fingerprint(plan: MatmulPlan) -> str:
     """Digest of what decides the output's bytes: inputs' shapes, chunks, dtypes and the tiling."""
-    key = {"a": asdict(plan.a), "b": asdict(plan.b), "out": asdict(plan.out),
-           "tile": plan.tile_shape, "panels": plan.k_panels}  # fmt: skip
+    key = {
+        "a": asdict(plan.a),
+        "b": asdict(plan.b),
+        "out": asdict(plan.out),
+        "tile": plan.tile_shape,
+        "panels": plan.k_panels,
+    }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -129,9 +141,13 @@ def _plan(
         workers, threads = live["workers"], live["threads"]
         limit = min(x for x in (budget, live["memory_limit"] or total) if x)
     return plan_matmul(
-        a, b, workers=workers, threads_per_worker=threads, memory_limit_bytes=limit,
+        a,
+        b,
+        workers=workers,
+        threads_per_worker=threads,
+        memory_limit_bytes=limit,
         tile_shape=(tile_shape[0], tile_shape[1]) if tile_shape else None,
-    )  # fmt: skip
+    )
 
 
 @contextlib.contextmanager
@@ -168,10 +184,14 @@ def _prepare_output(
 
         return finished_tiles(store, plan, fp, state)
     io.create_output(
-        store.out_url, plan.out.shape, plan.out.chunks, plan.out.dtype,
+        store.out_url,
+        plan.out.shape,
+        plan.out.chunks,
+        plan.out.dtype,
         {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)},
-        store.storage_options, overwrite=True,
-    )  # fmt: skip
+        store.storage_options,
+        overwrite=True,
+    )
     return set()
 
 

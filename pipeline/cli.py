@@ -33,8 +33,12 @@ def build_parser() -> argparse.ArgumentParser:
     mul.add_argument("a", metavar="A", help="path or fsspec URL of a 2-D Zarr array")
     mul.add_argument("b", metavar="B", help="path or fsspec URL of a 2-D Zarr array")
     mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
-    mul.add_argument("--backend", choices=("auto", "cuda", "cpu"), default="auto",
-                     help="auto: cuda where every worker sees a GPU, else cpu")  # fmt: skip
+    mul.add_argument(
+        "--backend",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="auto: cuda where every worker sees a GPU, else cpu",
+    )
     _cluster_args(mul)
     write = mul.add_mutually_exclusive_group()
     write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
@@ -69,8 +73,13 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads-per-worker", type=_positive_int, help="threads per local worker")
     p.add_argument("--memory-limit", type=_size, metavar="SIZE", help="per worker, e.g. 8GiB")
     p.add_argument("--dashboard-address", default="127.0.0.1:8787", metavar="HOST:PORT")
-    p.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                   help="fsspec option for s3:// and other URLs (repeatable)")  # fmt: skip
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs (repeatable)",
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,14 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("error: interrupted; rerun with --resume to finish the tiles not yet written",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "error: interrupted; rerun with --resume to finish the tiles not yet written",
+            file=sys.stderr,
+        )
         return 1
     except Exception as e:  # noqa: BLE001 - unexpected: still one line unless --debug
         if args.debug:
             raise
-        print(f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
+            file=sys.stderr,
+        )
         return 1
 
 
@@ -106,10 +119,15 @@ def run_multiply(args: argparse.Namespace) -> int:
 
     options = parse_storage_options(args.storage_option)
     common: dict[str, Any] = {
-        "backend": args.backend, "memory_limit": args.memory_limit, "overwrite": args.overwrite,
-        "resume": args.resume, "verify": args.verify, "storage_options": options,
-        "progress": not args.no_progress and sys.stderr.isatty(), "cluster": _spec(args),
-    }  # fmt: skip
+        "backend": args.backend,
+        "memory_limit": args.memory_limit,
+        "overwrite": args.overwrite,
+        "resume": args.resume,
+        "verify": args.verify,
+        "storage_options": options,
+        "progress": not args.no_progress and sys.stderr.isatty(),
+        "cluster": _spec(args),
+    }
     if args.dry_run:
         result = multiply(args.a, args.b, args.out, dry_run=True, **common)
         print(format_plan(result.plan))
@@ -117,8 +135,11 @@ def run_multiply(args: argparse.Namespace) -> int:
     result = multiply(args.a, args.b, args.out, report=args.report, **common)
     print(format_summary(result))
     if result.verified is False:
-        print("error: verification failed: OUT differs from A @ B beyond the tolerance; "
-              "see `python -m pipeline verify` for the failing rows", file=sys.stderr)  # fmt: skip
+        print(
+            "error: verification failed: OUT differs from A @ B beyond the tolerance; "
+            "see `python -m pipeline verify` for the failing rows",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -130,12 +151,20 @@ def run_verify(args: argparse.Namespace) -> int:
     options = parse_storage_options(args.storage_option)
     with start(_spec(args)) as client:
         result = verify_product(
-            client, args.a, args.b, args.c, options, rounds=args.rounds, seed=args.seed,
+            client,
+            args.a,
+            args.b,
+            args.c,
+            options,
+            rounds=args.rounds,
+            seed=args.seed,
             progress=not args.no_progress and sys.stderr.isatty(),
-        )  # fmt: skip
+        )
     status = "ok" if result.passed else "FAILED"
-    print(f"verify {status}: {result.rounds} round(s), worst residual/tolerance "
-          f"{result.worst_ratio:.3g} at row {result.worst_row}")  # fmt: skip
+    print(
+        f"verify {status}: {result.rounds} round(s), worst residual/tolerance "
+        f"{result.worst_ratio:.3g} at row {result.worst_row}"
+    )
     if not result.passed:
         blocks = ", ".join(f"{r0}:{r1}" for r0, r1 in result.failing_row_blocks[:10])
         print(f"error: C != A @ B in row block(s) {blocks}", file=sys.stderr)
@@ -181,10 +210,12 @@ def _scalar(value: str) -> Any:
 
 def _spec(args: argparse.Namespace) -> ClusterSpec:
     return ClusterSpec(
-        scheduler=args.scheduler, workers=args.workers,
-        threads_per_worker=args.threads_per_worker, memory_limit_bytes=args.memory_limit,
+        scheduler=args.scheduler,
+        workers=args.workers,
+        threads_per_worker=args.threads_per_worker,
+        memory_limit_bytes=args.memory_limit,
         dashboard_address=args.dashboard_address,
-    )  # fmt: skip
+    )
 
 
 def _pair(text: str) -> tuple[int, int]:

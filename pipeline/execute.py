@@ -28,7 +28,7 @@ class RunStats:
 
 
 def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
-    """"auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it."""
+    """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it."""
     devices = client.run(probe_devices)
     if not devices:
         raise BackendUnavailableError("the cluster has no workers to run on")
@@ -60,7 +60,7 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
 
 def submit_plan(
     client: Client, plan: MatmulPlan, spec: TaskSpec, skip: set[tuple[int, int]]
-) -> list[Future]:
+) -> list[Future[Any]]:
     """Submit every unfinished tile; returns one future per tile, resolving to TileStats."""
     run = uuid.uuid4().hex[:8]  # fresh keys: never reuse a result from an earlier run
     groups = plan.k_groups()
@@ -71,8 +71,9 @@ def submit_plan(
         token = tokenize(spec, tile, plan.k_panels, run)
         if plan.split_k == 1:
             futures.append(
-                client.submit(tasks.tile_product_write, spec, tile, groups[0],
-                              key=f"matmul-tile-{token}")  # fmt: skip
+                client.submit(
+                    tasks.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
+                )
             )
             continue
         partials = [
@@ -80,17 +81,20 @@ def submit_plan(
             for g, group in enumerate(groups)
         ]
         total = _tree_sum(client, partials, token)
-        futures.append(client.submit(tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}"))
+        futures.append(
+            client.submit(tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}")
+        )
     return futures
 
 
-def _tree_sum(client: Client, parts: list[Future], token: str) -> Future:
+def _tree_sum(client: Client, parts: list[Future[Any]], token: str) -> Future[Any]:
     """Pairwise sums in a fixed order, so the result is the same on any number of workers."""
     level = 0
     while len(parts) > 1:
         nxt = [
-            client.submit(tasks.sum_partials, parts[i], parts[i + 1],
-                          key=f"matmul-reduce-{token}-{level}-{i}")  # fmt: skip
+            client.submit(
+                tasks.sum_partials, parts[i], parts[i + 1], key=f"matmul-reduce-{token}-{level}-{i}"
+            )
             for i in range(0, len(parts) - 1, 2)
         ]
         if len(parts) % 2:
@@ -99,7 +103,7 @@ def _tree_sum(client: Client, parts: list[Future], token: str) -> Future:
     return parts[0]
 
 
-def collect(client: Client, futures: list[Future], progress: bool) -> RunStats:
+def collect(client: Client, futures: list[Future[Any]], progress: bool) -> RunStats:
     """Wait for the tiles (with distributed's progress bar) and gather their small stats."""
     if progress and futures:
         from distributed import progress as progress_bar

@@ -34,10 +34,15 @@ def write_random(
     if io.output_state(url, storage_options) is not None and not overwrite:
         raise OutputExistsError(f"{url} already exists; pass --overwrite to replace it")
     array = zarr.create_array(
-        url, shape=shape, chunks=chunks, dtype=dt, zarr_format=3, overwrite=overwrite,
+        url,
+        shape=shape,
+        chunks=chunks,
+        dtype=dt,
+        zarr_format=3,
+        overwrite=overwrite,
         attributes={io.ATTRS_KEY: {"generated": {"seed": seed}}},
         storage_options=io._options(url, storage_options),
-    )  # fmt: skip
+    )
     starts = [(i, j) for i in range(0, shape[0], chunks[0]) for j in range(0, shape[1], chunks[1])]
 
     def fill(start: tuple[int, int]) -> None:

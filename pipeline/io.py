@@ -79,7 +79,9 @@ def worker_array(
     return _cached_array(url, options, "r+" if writable else "r", token)
 
 
-def read_block(array: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: str) -> NDArray[Any]:
+def read_block(
+    array: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: str
+) -> NDArray[Any]:
     """A C-contiguous block in ``dtype``, read by slice (no rechunk of the store)."""
     block = array[rows[0] : rows[1], cols[0] : cols[1]]
     return np.ascontiguousarray(block, dtype=dtype)
@@ -132,9 +134,7 @@ def output_state(url: str, storage_options: dict[str, Any] | None) -> dict[str, 
     return attrs
 
 
-def check_output_path(
-    out: str, inputs: list[str], storage_options: dict[str, Any] | None
-) -> None:
+def check_output_path(out: str, inputs: list[str], storage_options: dict[str, Any] | None) -> None:
     """Refuse OUT equal to, inside, or containing an input (overwrite could destroy it)."""
     out_key = _location(out, storage_options)
     for name, url in zip(("A", "B", "C"), inputs, strict=False):
@@ -156,9 +156,10 @@ def refuse_existing(out: str, overwrite: bool, resume: bool) -> None:
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     try:
-        return fsspec.core.url_to_fs(url, **(_options(url, storage_options) or {}))
+        fs, path = fsspec.core.url_to_fs(url, **(_options(url, storage_options) or {}))
     except (ImportError, ValueError) as e:
         raise UsageError(f"cannot open {url}: {e}") from e
+    return fs, str(path)
 
 
 def write_bytes(url: str, relpath: str, data: bytes, storage_options: dict[str, Any]) -> None:

@@ -27,19 +27,20 @@ def finished_tiles(
             f"cannot resume {store.out_url}: it was written for different inputs or tiling "
             f"(fingerprint {state.get('fingerprint')} != {fp}); use --overwrite to start over"
         )
-    out = zarr.open_array(store.out_url, mode="r", storage_options=io._options(
-        store.out_url, store.storage_options))  # fmt: skip
+    out = zarr.open_array(
+        store.out_url, mode="r", storage_options=io._options(store.out_url, store.storage_options)
+    )
     tiles = {t.index: t for t in plan.tiles()}
     done: set[tuple[int, int]] = set()
     for entry in io.list_json(store.out_url, JOURNAL_DIR, store.storage_options):
         index = tuple(entry.get("index", ()))
-        tile = tiles.get(index)  # type: ignore[arg-type]
+        tile = tiles.get(index)
         if tile is None or entry.get("fingerprint") != fp:
             continue
         data = np.ascontiguousarray(
             out[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]], dtype=plan.out.dtype
         )
-        if zlib.crc32(data) == entry.get("checksum"):
+        if zlib.crc32(data.data) == entry.get("checksum"):
             done.add(tile.index)
     log.info("resume: %d of %d tile(s) already written", len(done), len(tiles))
     return done

@@ -231,10 +231,20 @@ def _candidate(
     slots = workers * threads
     split = min(len(panels), _ceil_div(slots, n_tiles)) if 0 < n_tiles < slots else 1
     return MatmulPlan(
-        a=a, b=b, out=out, compute_dtype=compute_dtype, tile_shape=tile_shape, k_panels=panels,
-        split_k=max(split, 1), workers=workers, threads_per_worker=threads,
-        memory_limit_bytes=0, task_bytes=0, worker_bytes=0, device_bytes=0,
-    )  # fmt: skip
+        a=a,
+        b=b,
+        out=out,
+        compute_dtype=compute_dtype,
+        tile_shape=tile_shape,
+        k_panels=panels,
+        split_k=max(split, 1),
+        workers=workers,
+        threads_per_worker=threads,
+        memory_limit_bytes=0,
+        task_bytes=0,
+        worker_bytes=0,
+        device_bytes=0,
+    )
 
 
 def _with_budget(plan: MatmulPlan, memory_limit_bytes: int) -> MatmulPlan:
@@ -309,9 +319,22 @@ def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
 
 def parse_size(text: str) -> int:
     """'4GiB', '512MB', '1e9' or '100' (bytes) to an int number of bytes."""
-    units = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
-             "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30,
-             "tib": 2**40}  # fmt: skip
+    units = {
+        "": 1,
+        "b": 1,
+        "k": 10**3,
+        "kb": 10**3,
+        "m": 10**6,
+        "mb": 10**6,
+        "g": 10**9,
+        "gb": 10**9,
+        "t": 10**12,
+        "tb": 10**12,
+        "kib": 2**10,
+        "mib": 2**20,
+        "gib": 2**30,
+        "tib": 2**40,
+    }
     s = text.strip().lower().replace(" ", "")
     number = s.rstrip("kmgtib")
     unit = s[len(number) :]

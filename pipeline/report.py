@@ -15,26 +15,41 @@ def format_plan(plan: MatmulPlan) -> str:
     rows, cols = plan.grid
     widths = [k1 - k0 for k0, k1 in plan.k_panels]
     lines = [
-        ("product", f"{m}x{k} @ {k}x{n} -> {m}x{n} {plan.out.dtype} "
-                    f"(accumulate in {plan.compute_dtype})"),
-        ("input chunks", f"A {plan.a.chunks[0]}x{plan.a.chunks[1]}, "
-                         f"B {plan.b.chunks[0]}x{plan.b.chunks[1]}"),
+        (
+            "product",
+            f"{m}x{k} @ {k}x{n} -> {m}x{n} {plan.out.dtype} (accumulate in {plan.compute_dtype})",
+        ),
+        (
+            "input chunks",
+            f"A {plan.a.chunks[0]}x{plan.a.chunks[1]}, B {plan.b.chunks[0]}x{plan.b.chunks[1]}",
+        ),
         ("output chunks", f"{plan.out.chunks[0]}x{plan.out.chunks[1]}"),
         ("tiles", f"{plan.n_tiles} ({rows}x{cols}) of {plan.tile_shape[0]}x{plan.tile_shape[1]}"),
-        ("K panels", f"{len(widths)} per tile, width {min(widths, default=0)}-"
-                     f"{max(widths, default=0)}"),
+        (
+            "K panels",
+            f"{len(widths)} per tile, width {min(widths, default=0)}-{max(widths, default=0)}",
+        ),
         ("split-K", f"{plan.split_k} group(s) per tile, {plan.n_tasks} product task(s)"),
-        ("workers", f"{plan.workers} x {plan.threads_per_worker} thread(s), "
-                    f"{format_bytes(plan.memory_limit_bytes)} each"),
-        ("memory per task", f"{format_bytes(plan.task_bytes)} host, "
-                            f"{format_bytes(plan.device_bytes)} device (cuda)"),
+        (
+            "workers",
+            f"{plan.workers} x {plan.threads_per_worker} thread(s), "
+            f"{format_bytes(plan.memory_limit_bytes)} each",
+        ),
+        (
+            "memory per task",
+            f"{format_bytes(plan.task_bytes)} host, "
+            f"{format_bytes(plan.device_bytes)} device (cuda)",
+        ),
         ("memory per worker", format_bytes(plan.worker_bytes)),
         ("flops", f"{plan.flops:.3e}"),
-        ("planned reads", f"{format_bytes(plan.read_bytes)} = "
-                          f"{_ratio(plan.read_bytes, plan.lower_bound_read_bytes)} x lower bound "
-                          f"{format_bytes(plan.lower_bound_read_bytes)} (compulsory "
-                          f"{format_bytes(plan.compulsory_read_bytes)})"),
-    ]  # fmt: skip
+        (
+            "planned reads",
+            f"{format_bytes(plan.read_bytes)} = "
+            f"{_ratio(plan.read_bytes, plan.lower_bound_read_bytes)} x lower bound "
+            f"{format_bytes(plan.lower_bound_read_bytes)} (compulsory "
+            f"{format_bytes(plan.compulsory_read_bytes)})",
+        ),
+    ]
     width = max(len(name) for name, _ in lines)
     return "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
 

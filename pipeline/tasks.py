@@ -74,7 +74,7 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any, started: float | None =
     data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
     if data.size:
         out[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]] = data
-    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, zlib.crc32(data))
+    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, zlib.crc32(data.data))
     entry = {"fingerprint": spec.fingerprint, **asdict(stats)}
     name = f"journal/tile-{tile.index[0]}-{tile.index[1]}.json"
     io.write_bytes(spec.store.out_url, name, json.dumps(entry).encode(), spec.store.storage_options)

@@ -64,15 +64,32 @@ def verify_product(
     _, compute = result_dtype(a.dtype, b.dtype)
     r = _signs(n, rounds, seed)
     br_parts = [
-        client.submit(_b_times_r, b_url, options, (k0, min(k0 + b.chunks[0], k)), r,
-                      b.chunks[1], key=f"verify-b-{seed}-{k0}-{_tag(c_url)}")  # fmt: skip
+        client.submit(
+            _b_times_r,
+            b_url,
+            options,
+            (k0, min(k0 + b.chunks[0], k)),
+            r,
+            b.chunks[1],
+            key=f"verify-b-{seed}-{k0}-{_tag(c_url)}",
+        )
         for k0 in range(0, k, b.chunks[0])
     ]
     br = client.submit(_stack, br_parts, k, rounds, key=f"verify-stack-{_tag(c_url)}-{seed}")
     rows = [(r0, min(r0 + a.chunks[0], m)) for r0 in range(0, m, a.chunks[0])]
     checks = [
-        client.submit(_check_rows, (a_url, c_url), options, rr, br, r, (a.chunks[1], c.chunks[1]),
-                      (compute, c.dtype), k, key=f"verify-rows-{_tag(c_url)}-{seed}-{rr[0]}")  # fmt: skip
+        client.submit(
+            _check_rows,
+            (a_url, c_url),
+            options,
+            rr,
+            br,
+            r,
+            (a.chunks[1], c.chunks[1]),
+            (compute, c.dtype),
+            k,
+            key=f"verify-rows-{_tag(c_url)}-{seed}-{rr[0]}",
+        )
         for rr in rows
     ]
     if progress and checks:

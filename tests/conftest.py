@@ -16,8 +16,13 @@ import pytest  # noqa: E402
 import zarr  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
-TOLERANCE = {"float16": 1e-2, "float32": 2e-4, "float64": 1e-11, "complex64": 2e-4,
-             "complex128": 1e-11}  # fmt: skip
+TOLERANCE = {
+    "float16": 1e-2,
+    "float32": 2e-4,
+    "float64": 1e-11,
+    "complex64": 2e-4,
+    "complex128": 1e-11,
+}
 """Relative error allowed against float64 numpy, scaled by |A|·|B|."""
 
 
@@ -39,16 +44,20 @@ def client() -> Iterator[Client]:
     """One LocalCluster for the session: 2 worker processes x 1 thread, loopback only."""
     with (
         LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address=":0",
+            n_workers=2,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address=":0",
             memory_limit="4GiB",
         ) as cluster,
         Client(cluster) as c,
-    ):  # fmt: skip
+    ):
         yield c
 
 
-def write_array(path: Path, data: np.ndarray[Any, Any], chunks: tuple[int, int],
-                zarr_format: int = 3) -> str:  # fmt: skip
+def write_array(
+    path: Path, data: np.ndarray[Any, Any], chunks: tuple[int, int], zarr_format: int = 3
+) -> str:
     zarr.create_array(str(path), data=data, chunks=chunks, zarr_format=zarr_format)  # type: ignore[arg-type]
     return str(path)
 

@@ -22,9 +22,19 @@ def tree_digest(path: Path) -> str:
     return digest.hexdigest()
 
 
-def run_case(tmp_path: Path, client: Client, m: int, k: int, n: int, a_chunks: tuple[int, int],
-             b_chunks: tuple[int, int], a_dtype: str = "float32", b_dtype: str = "float32",
-             zarr_format: int = 3, **kwargs: object) -> None:  # fmt: skip
+def run_case(
+    tmp_path: Path,
+    client: Client,
+    m: int,
+    k: int,
+    n: int,
+    a_chunks: tuple[int, int],
+    b_chunks: tuple[int, int],
+    a_dtype: str = "float32",
+    b_dtype: str = "float32",
+    zarr_format: int = 3,
+    **kwargs: object,
+) -> None:
     rng = np.random.default_rng(m * 1_000_003 + k * 1009 + n)
     a, b = random_matrix(rng, (m, k), a_dtype), random_matrix(rng, (k, n), b_dtype)
     a_url = write_array(tmp_path / "a.zarr", a, a_chunks, zarr_format)
@@ -60,8 +70,15 @@ def _inputs_digest(tmp_path: Path) -> str:
         (8, 120_000, 8, (8, 7_000), (9_000, 8)),  # tall-skinny with a huge K: split-K
     ],
 )
-def test_shapes_and_chunkings(tmp_path: Path, client: Client, m: int, k: int, n: int,
-                              a_chunks: tuple[int, int], b_chunks: tuple[int, int]) -> None:  # fmt: skip
+def test_shapes_and_chunkings(
+    tmp_path: Path,
+    client: Client,
+    m: int,
+    k: int,
+    n: int,
+    a_chunks: tuple[int, int],
+    b_chunks: tuple[int, int],
+) -> None:
     run_case(tmp_path, client, m, k, n, a_chunks, b_chunks)
 
 
@@ -99,8 +116,12 @@ def test_split_k_is_summed(tmp_path: Path, client: Client) -> None:
     rng = np.random.default_rng(3)
     a, b = random_matrix(rng, (16, 4000), "float64"), random_matrix(rng, (4000, 16), "float64")
     out = str(tmp_path / "c.zarr")
-    result = multiply(write_array(tmp_path / "a.zarr", a, (16, 500)),
-                      write_array(tmp_path / "b.zarr", b, (500, 16)), out, client=client)  # fmt: skip
+    result = multiply(
+        write_array(tmp_path / "a.zarr", a, (16, 500)),
+        write_array(tmp_path / "b.zarr", b, (500, 16)),
+        out,
+        client=client,
+    )
     assert result.plan.split_k > 1
     assert_product(zarr.open_array(out)[:], a, b)
 
@@ -118,7 +139,10 @@ def test_overwrite_and_resume(tmp_path: Path, client: Client) -> None:
     journal[0].unlink()
     entry = json.loads(journal[1].read_text())
     c = zarr.open_array(str(out), mode="r+")
-    r0, c0 = entry["index"][0] * first.plan.tile_shape[0], entry["index"][1] * first.plan.tile_shape[1]
+    r0, c0 = (
+        entry["index"][0] * first.plan.tile_shape[0],
+        entry["index"][1] * first.plan.tile_shape[1],
+    )
     c[r0, c0] = np.nan
     resumed = multiply(a_url, b_url, str(out), client=client, resume=True)
     assert resumed.tiles_skipped == first.tiles_computed - 2
@@ -132,8 +156,12 @@ def test_verify_in_multiply(tmp_path: Path, client: Client) -> None:
     rng = np.random.default_rng(9)
     a, b = random_matrix(rng, (30, 20), "float32"), random_matrix(rng, (20, 25), "float32")
     out = str(tmp_path / "c.zarr")
-    result = multiply(write_array(tmp_path / "a.zarr", a, (8, 8)),
-                      write_array(tmp_path / "b.zarr", b, (8, 8)), out, client=client,
-                      verify=True)  # fmt: skip
+    result = multiply(
+        write_array(tmp_path / "a.zarr", a, (8, 8)),
+        write_array(tmp_path / "b.zarr", b, (8, 8)),
+        out,
+        client=client,
+        verify=True,
+    )
     assert result.verified is True
     assert dict(zarr.open_array(out).attrs)["tilegemm"]["verified"] is True

@@ -83,8 +83,13 @@ def test_refuses_non_numeric_dtype() -> None:
 
 def test_refuses_non_contracting_shapes() -> None:
     with pytest.raises(InputError, match=r"A's columns \(30\) must equal B's rows \(31\)"):
-        plan_matmul(spec((20, 30), (10, 10)), spec((31, 5), (10, 5)), workers=1,
-                    threads_per_worker=1, memory_limit_bytes=GiB)  # fmt: skip
+        plan_matmul(
+            spec((20, 30), (10, 10)),
+            spec((31, 5), (10, 5)),
+            workers=1,
+            threads_per_worker=1,
+            memory_limit_bytes=GiB,
+        )
 
 
 def test_refuses_impossible_memory_with_numbers() -> None:
@@ -105,16 +110,26 @@ def test_refuses_impossible_memory_with_numbers() -> None:
 def test_tiles_cover_threads(
     m: int, k: int, n: int, chunk: int, workers: int, threads: int, tiles: int
 ) -> None:
-    plan = plan_matmul(spec((m, k), (chunk, chunk)), spec((k, n), (chunk, chunk)),
-                       workers=workers, threads_per_worker=threads, memory_limit_bytes=16 * GiB)  # fmt: skip
+    plan = plan_matmul(
+        spec((m, k), (chunk, chunk)),
+        spec((k, n), (chunk, chunk)),
+        workers=workers,
+        threads_per_worker=threads,
+        memory_limit_bytes=16 * GiB,
+    )
     assert plan.n_tiles == tiles
     assert plan.split_k == 1
 
 
 def test_split_k_when_fewer_tiles_than_threads() -> None:
     # One output chunk but a long K: split K over the 4 threads.
-    plan = plan_matmul(spec((256, 65536), (256, 4096)), spec((65536, 256), (4096, 256)),
-                       workers=2, threads_per_worker=2, memory_limit_bytes=4 * GiB)  # fmt: skip
+    plan = plan_matmul(
+        spec((256, 65536), (256, 4096)),
+        spec((65536, 256), (4096, 256)),
+        workers=2,
+        threads_per_worker=2,
+        memory_limit_bytes=4 * GiB,
+    )
     assert plan.n_tiles == 1
     assert plan.split_k == 4
     groups = plan.k_groups()
@@ -134,14 +149,24 @@ chunk = st.integers(min_value=1, max_value=1200)
 
 
 @settings(max_examples=200, deadline=None)
-@given(m=dims, k=dims, n=dims, ca=chunk, cb=chunk, ck_a=chunk, ck_b=chunk,
-       workers=st.integers(1, 4), threads=st.integers(1, 4))  # fmt: skip
+@given(
+    m=dims,
+    k=dims,
+    n=dims,
+    ca=chunk,
+    cb=chunk,
+    ck_a=chunk,
+    ck_b=chunk,
+    workers=st.integers(1, 4),
+    threads=st.integers(1, 4),
+)
 def test_plan_properties(
     m: int, k: int, n: int, ca: int, cb: int, ck_a: int, ck_b: int, workers: int, threads: int
 ) -> None:
     a, b = spec((m, k), (ca, ck_a)), spec((k, n), (ck_b, cb))
-    plan = plan_matmul(a, b, workers=workers, threads_per_worker=threads,
-                       memory_limit_bytes=64 * GiB)  # fmt: skip
+    plan = plan_matmul(
+        a, b, workers=workers, threads_per_worker=threads, memory_limit_bytes=64 * GiB
+    )
     # Tiles are whole output chunks and cover the output exactly once.
     covered = np.zeros((m, n), dtype=np.int8) if m * n <= 4_000_000 else None
     tm, tn = plan.tile_shape
@@ -159,7 +184,9 @@ def test_plan_properties(
     # K panels partition [0, k) in order.
     edges = [p for panel in plan.k_panels for p in panel]
     assert edges[:1] in ([], [0]) and (not edges or edges[-1] == k)
-    assert all(plan.k_panels[i][1] == plan.k_panels[i + 1][0] for i in range(len(plan.k_panels) - 1))
+    assert all(
+        plan.k_panels[i][1] == plan.k_panels[i + 1][0] for i in range(len(plan.k_panels) - 1)
+    )
     assert all(k0 < k1 for k0, k1 in plan.k_panels)
     assert 1 <= plan.split_k <= max(len(plan.k_panels), 1)
     # Reads: at least every element once, and the bound is consistent.
@@ -170,8 +197,13 @@ def test_plan_properties(
 
 
 @settings(max_examples=100, deadline=None)
-@given(m=st.integers(1, 3000), k=st.integers(1, 3000), n=st.integers(1, 3000),
-       budget_mib=st.integers(300, 4096), threads=st.integers(1, 4))  # fmt: skip
+@given(
+    m=st.integers(1, 3000),
+    k=st.integers(1, 3000),
+    n=st.integers(1, 3000),
+    budget_mib=st.integers(300, 4096),
+    threads=st.integers(1, 4),
+)
 def test_plan_fits_budget_or_refuses(m: int, k: int, n: int, budget_mib: int, threads: int) -> None:
     a, b = spec((m, k), (256, 256)), spec((k, n), (256, 256))
     budget = budget_mib * 2**20
