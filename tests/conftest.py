@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import sys
 
+# Too late once numba is imported: the CUDA kernel tests would then skip silently.
+assert "numba" not in sys.modules, "numba was imported before tests/conftest.py"
 os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # CPU-only CI runs the CUDA kernels in the simulator
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
 
