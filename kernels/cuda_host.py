@@ -13,8 +13,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels import cuda_tiled
+from kernels import cuda_fast, cuda_tiled
 from kernels.launch import LaunchConfig, tiled_launch
+
+MAX_DIM = 2**31 - 1
+"""Largest m, n or panel width: the fast kernels index with 31-bit masked integers."""
 
 
 @dataclass(frozen=True)
@@ -30,6 +33,8 @@ class KernelVariant:
     """Grid and block for an m x n output."""
     default: bool
     """True for the one variant the cuda backend uses for this dtype."""
+    launch_bounds: tuple[int, int] | None = None
+    """(max threads per block, min blocks per SM) for cuda.jit / compile_ptx; caps registers."""
 
 
 def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
@@ -44,11 +49,24 @@ def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
     )
 
 
+def _blocked_variant(spec: cuda_fast.BlockedSpec, default: bool) -> KernelVariant:
+    return KernelVariant(
+        name=f"blocked_{spec.dtype}",
+        dtype=np.dtype(spec.dtype),
+        make_kernel=lambda: cuda_fast.make_blocked_kernel(spec),
+        launch=lambda m, n: cuda_fast.launch_for(spec, m, n),
+        default=default,
+        launch_bounds=spec.launch_bounds,
+    )
+
+
 VARIANTS: dict[str, KernelVariant] = {
     v.name: v
     for v in (
-        _tiled_variant(np.float32, default=True),
-        _tiled_variant(np.float64, default=True),
+        _tiled_variant(np.float32, default=False),
+        _tiled_variant(np.float64, default=False),
+        _blocked_variant(cuda_fast.F32_SPEC, default=True),
+        _blocked_variant(cuda_fast.F64_SPEC, default=True),
     )
 }
 
@@ -73,10 +91,12 @@ def cuda_available() -> bool:
 
 
 @functools.cache
-def _jit(kernel: Callable[..., None]) -> Any:
-    from numba import cuda
+def _jit(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
+    from numba import config, cuda
 
-    return cuda.jit(kernel)
+    if launch_bounds is None or config.ENABLE_CUDASIM:  # the simulator's jit has no bounds
+        return cuda.jit(kernel)
+    return cuda.jit(kernel, launch_bounds=launch_bounds)
 
 
 class CudaAccumulator:
@@ -87,11 +107,11 @@ class CudaAccumulator:
 
         self.dtype = cuda_tiled.check_float_dtype(dtype)
         m, n = (int(s) for s in shape)
-        if m < 0 or n < 0:
-            raise ValueError(f"accumulator shape must be non-negative, got {shape}")
+        if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
+            raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
         self.shape = (m, n)
         self.variant = self._select(variant)
-        self._kernel = _jit(self.variant.make_kernel())
+        self._kernel = _jit(self.variant.make_kernel(), self.variant.launch_bounds)
         self._c = cuda.to_device(np.zeros(self.shape, dtype=self.dtype))
 
     def _select(self, name: str | None) -> KernelVariant:
@@ -132,6 +152,8 @@ class CudaAccumulator:
                 f"panel shapes a{a.shape} @ b{b.shape} do not give the accumulator's {self.shape}; "
                 f"need a ({m}, w) and b (w, {n})"
             )
+        if a.shape[1] > MAX_DIM:
+            raise ValueError(f"panel width {a.shape[1]} > 2**31 - 1; split K into narrower panels")
         if a.dtype != self.dtype or b.dtype != self.dtype:
             raise TypeError(
                 f"panels must be {self.dtype} like the accumulator, got a {a.dtype}, b {b.dtype}; "

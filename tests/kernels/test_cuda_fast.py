@@ -1,0 +1,162 @@
+"""Register-blocked kernels: simulator correctness on ragged and interior shapes, and the generator.
+
+As in test_cuda_tiled: A, B and C are windows into NaN-filled device arrays, so an out-of-bounds
+read (missing zero fill) or write shows up as NaN, and a skipped output keeps its random start.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+import pytest
+from numpy.typing import NDArray
+
+from kernels import cuda_fast, cuda_host
+
+SPECS = {"float32": cuda_fast.F32_SPEC, "float64": cuda_fast.F64_SPEC}
+PAD = 2  # NaN border around every operand
+
+needs_cuda = pytest.mark.skipif(
+    not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
+)
+# Test shapes are tiny on purpose; on a real GPU numba warns about the small grids.
+tiny_grid = pytest.mark.filterwarnings("ignore:Grid size .* under-utilization")
+
+
+def assert_matmul_close(got: NDArray[Any], want: NDArray[np.float64], k: int) -> None:
+    """Compare to a float64 reference with a tolerance that grows with the K length."""
+    eps = float(np.finfo(got.dtype).eps)
+    np.testing.assert_allclose(got, want, rtol=8 * eps, atol=8 * eps * max(k, 1) * 4)
+
+
+def run_poisoned(spec: cuda_fast.BlockedSpec, shape: tuple[int, int, int]) -> None:
+    """Launch the kernel on NaN-bordered windows of random A, B, C; check C0 + A @ B, borders."""
+    from numba import cuda
+
+    m, k, n = shape
+    dtype = np.dtype(spec.dtype)
+    rng = np.random.default_rng(m * 10_000 + k * 100 + n)
+
+    def bordered(rows: int, cols: int) -> NDArray[Any]:
+        arr = np.full((rows + 2 * PAD, cols + 2 * PAD), np.nan, dtype=dtype)
+        arr[PAD : PAD + rows, PAD : PAD + cols] = rng.standard_normal((rows, cols))
+        return arr
+
+    a, b, c = bordered(m, k), bordered(k, n), bordered(m, n)
+    d_a, d_b, d_c = cuda.to_device(a), cuda.to_device(b), cuda.to_device(c)
+    inner = (slice(PAD, -PAD), slice(PAD, -PAD))
+    cfg = cuda_fast.launch_for(spec, m, n)
+    kernel = cuda.jit(cuda_fast.make_blocked_kernel(spec))
+    kernel[cfg.grid, cfg.block](d_a[inner], d_b[inner], d_c[inner])
+    out = d_c.copy_to_host()
+    want = c[inner].astype(np.float64) + a[inner].astype(np.float64) @ b[inner]
+    assert_matmul_close(out[inner], want, k)
+    border = np.ones(out.shape, dtype=bool)
+    border[inner] = False
+    assert np.isnan(out[border]).all(), "kernel wrote outside C"
+
+
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        (1, 1, 1),  # smallest: every load but one is zero fill
+        (1, 9, 130),  # 1 x N, two block columns for float32, three for float64
+        (130, 9, 1),  # N x 1, two or three block rows
+        (5, 13, 7),  # K not a multiple of BK, nothing divisible
+        (3, 0, 5),  # K = 0: C unchanged, no tile loaded
+    ],
+)
+def test_blocked_kernel_ragged(dtype: str, shape: tuple[int, int, int]) -> None:
+    run_poisoned(SPECS[dtype], shape)
+
+
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize(
+    ("dtype", "shape"),
+    [
+        ("float32", (128, 32, 128)),  # one full block: three unchecked K tiles, then the last
+        ("float64", (64, 40, 64)),  # one full block, K a multiple of BK
+        ("float32", (128, 21, 128)),  # full block, ragged K: unchecked then zero-filled tiles
+        ("float64", (70, 19, 66)),  # full block beside edge blocks in both directions
+    ],
+)
+def test_blocked_kernel_interior_path(dtype: str, shape: tuple[int, int, int]) -> None:
+    run_poisoned(SPECS[dtype], shape)
+
+
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_blocked_kernel_mixed_grid(dtype: str) -> None:
+    """A 2 x 2 grid of blocks of which only one is full, several K tiles."""
+    spec = SPECS[dtype]
+    run_poisoned(spec, (spec.block_m + 9, 45, spec.block_n + 3))
+
+
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_default_accumulator_streams_panels(dtype: str) -> None:
+    """The cuda backend's default variant, K streamed as panels of uneven width (one empty)."""
+    m, n, widths = 70, 33, [8, 0, 13, 1]
+    acc = cuda_host.CudaAccumulator((m, n), np.dtype(dtype))
+    assert acc.variant.name == f"blocked_{dtype}"
+    rng = np.random.default_rng(7)
+    want = np.zeros((m, n))
+    for w in widths:
+        a = rng.standard_normal((m, w)).astype(dtype)
+        b = rng.standard_normal((w, n)).astype(dtype)
+        acc.add(a, b)
+        want += a.astype(np.float64) @ b
+    got = acc.result()
+    assert got.dtype == dtype and got.shape == (m, n) and got.flags.c_contiguous
+    assert_matmul_close(got, want, sum(widths))
+
+
+# --- the generator (pure) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", [cuda_fast.F32_SPEC, cuda_fast.F64_SPEC], ids=["f32", "f64"])
+def test_generated_source_shape(spec: cuda_fast.BlockedSpec) -> None:
+    src = cuda_fast.generate_source(spec)
+    compile(src, "<generated>", "exec")  # valid Python
+    outputs = (2 * spec.frag) ** 2
+    assert src.count(" = zero\n") >= outputs  # typed accumulators
+    assert "//" not in src.split("n_tiles =")[0]  # index math with shifts and masks only
+    assert " % " not in src
+    assert src.count("cuda.syncthreads()") == 3  # tile 0, unchecked loop, checked loop
+    per_tile = spec.block_k * outputs
+    assert src.count("+= x") == 2 * per_tile  # BK loop written out in both K loops
+
+
+def test_bad_generator_options_show_in_source() -> None:
+    spec = dataclasses.replace(cuda_fast.F32_SPEC, index_math="divmod", acc_init="float64")
+    src = cuda_fast.generate_source(spec)
+    assert "(tid // 16)" in src and "(tid % 16)" in src
+    assert "c0_0 = 0.0" in src
+
+
+@pytest.mark.parametrize(
+    ("changes", "match"),
+    [
+        ({"dtype": "int32"}, "support float32 and float64"),
+        ({"block_m": 96}, "powers of two"),
+        ({"threads": 128}, "do not cover a 128x128 tile"),
+        ({"block_k": 2}, "does not split over the threads"),
+    ],
+)
+def test_spec_validation(changes: dict[str, Any], match: str) -> None:
+    with pytest.raises((ValueError, TypeError), match=match):
+        dataclasses.replace(cuda_fast.F32_SPEC, **changes)
+
+
+def test_specs_fit_the_targets_on_paper() -> None:
+    assert cuda_fast.F32_SPEC.shared_bytes <= 48 * 1024
+    assert cuda_fast.F64_SPEC.shared_bytes <= 48 * 1024
+    assert cuda_fast.F32_SPEC.launch_bounds == (256, 2)  # 65536 / 512 = 128 registers
