@@ -30,8 +30,6 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
     """Open a Zarr array read-only, or raise a PipelineError that names the problem."""
     try:
         array = zarr.open_array(url, mode="r", storage_options=_options(url, storage_options))
-    except FileNotFoundError as e:
-        raise InputNotFoundError(f"{name} ({url}) does not exist; check the path") from e
     except zarr.errors.NodeTypeValidationError as e:
         raise InputError(
             f"{name} ({url}) is a Zarr group, not an array; give the path of an array inside it"
@@ -41,6 +39,8 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
             f"{name} ({url}) holds no Zarr array (no .zarray or zarr.json found); "
             "give the path of a Zarr array"
         ) from e
+    except FileNotFoundError as e:  # after NodeNotFoundError, which subclasses it
+        raise InputNotFoundError(f"{name} ({url}) does not exist; check the path") from e
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         raise InputError(f"{name} ({url}) cannot be opened as a Zarr array: {e}") from e
     return array
