@@ -28,13 +28,29 @@ def make_accumulator(backend: str, shape: tuple[int, int], dtype: str) -> Accumu
     return CpuAccumulator(shape, dtype)
 
 
-def probe_devices() -> dict[str, bool]:
-    """What this process can run: a real GPU, and CUDA at all (the simulator counts there)."""
-    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-    try:
-        from kernels.cuda_host import cuda_available
+def probe_devices(need_cuda: bool = False) -> dict[str, bool]:
+    """What this process can run: a real GPU, and CUDA at all (the simulator counts there).
 
-        cuda = cuda_available()
-    except Exception:  # noqa: BLE001 - any import or driver failure means "no CUDA"
-        cuda = False
+    NVML answers "is there a GPU" cheaply; numba (~1 s to import) is loaded only when a GPU is
+    there or the cuda backend was asked for explicitly.
+    """
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    cuda = False
+    if need_cuda or (_nvml_gpus() > 0 and not simulator):
+        try:
+            from kernels.cuda_host import cuda_available
+
+            cuda = cuda_available()
+        except Exception:  # noqa: BLE001 - any import or driver failure means "no CUDA"
+            cuda = False
     return {"gpu": cuda and not simulator, "cuda": cuda, "simulator": simulator}
+
+
+def _nvml_gpus() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no driver or library: no GPU
+        return 0

@@ -29,7 +29,7 @@ class RunStats:
 
 def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
     """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it."""
-    devices = client.run(probe_devices)
+    devices = client.run(probe_devices, requested == "cuda")
     if not devices:
         raise BackendUnavailableError("the cluster has no workers to run on")
     if requested == "cpu":
@@ -51,7 +51,7 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
             )
         return "cuda"
     chosen = "cuda" if all_gpu and compute_dtype in CUDA_DTYPES else "cpu"
-    reason = "GPUs on every worker" if chosen == "cuda" else "no GPU on some worker"
+    reason = "a GPU on every worker" if chosen == "cuda" else "no GPU visible to the workers"
     if all_gpu and chosen == "cpu":
         reason = f"{compute_dtype} is not a GPU dtype"
     log.info("backend: %s (%s)", chosen, reason)
