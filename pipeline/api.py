@@ -18,6 +18,7 @@ from cluster import ClusterSpec, start
 from pipeline import io
 from pipeline.errors import UsageError
 from pipeline.execute import collect, describe_workers, resolve_backend, submit_plan
+from pipeline.lock import check_lock, hold_lock
 from pipeline.plan import MatmulPlan, parse_size, plan_matmul
 from pipeline.spec import ArraySpec, StoreSpec
 from pipeline.tasks import TaskSpec
@@ -67,30 +68,34 @@ def multiply(
         raise UsageError(f"unknown backend {backend!r}; choose auto, cuda or cpu")
     if overwrite and resume:
         raise UsageError("--overwrite and --resume exclude each other; pick one")
-    a_spec, b_spec = _input_specs(a, b, options)
+    arrays = _open_inputs(a, b, options)
+    a_spec, b_spec = io.array_spec(arrays[0], "A"), io.array_spec(arrays[1], "B")
     io.check_output_path(out, [a, b], options)
     state = io.output_state(out, options)
-    if state is not None:
-        io.refuse_existing(out, overwrite, resume)
-    # Refuse a plan that cannot fit before starting anything.
     forced = tuple(state["tile_shape"]) if resume and state and "tile_shape" in state else None
+    # Refuse a plan that cannot fit before starting anything.
     plan = _plan(a_spec, b_spec, budget, cluster, None, forced)
     if dry_run:
         return MultiplyResult(plan.out.shape, plan.out.dtype, 0.0, 0, 0, 0, "none", plan)
+    if state is not None:
+        io.refuse_existing(out, overwrite, resume)
+        check_lock(out, options)
     with _client(client, cluster, budget) as c, _report(report):
         plan = _plan(a_spec, b_spec, budget, cluster, describe_workers(c), forced)
         chosen = resolve_backend(c, backend, plan.compute_dtype)
         store = StoreSpec(a, b, out, options)
-        spec = TaskSpec(store, chosen, plan.compute_dtype, plan.out.dtype, fingerprint(plan))
-        skip = _prepare_output(store, plan, spec.fingerprint, state, resume)
-        run = collect(c, submit_plan(c, plan, spec, skip), progress)
-        _mark(store, plan, spec.fingerprint, complete=True)
-        verified = None
-        if verify:
-            from pipeline.verify import verify_product
+        fp = fingerprint(plan, _metadata_digest(arrays))
+        spec = TaskSpec(store, chosen, plan.compute_dtype, plan.out.dtype, fp)
+        skip = _prepare_output(store, plan, fp, state, resume)
+        with hold_lock(out, options):
+            run = collect(c, submit_plan(c, plan, spec, skip), progress)
+            _mark(store, fp, complete=True)
+            verified = None
+            if verify:
+                from pipeline.verify import verify_product
 
-            verified = verify_product(c, a, b, out, options, progress=progress).passed
-            _mark(store, plan, spec.fingerprint, complete=True, verified=verified)
+                verified = verify_product(c, a, b, out, options, progress=progress).passed
+                _mark(store, fp, verified=verified)
     return MultiplyResult(
         plan.out.shape,
         plan.out.dtype,
@@ -104,9 +109,11 @@ def multiply(
     )
 
 
-def fingerprint(plan: MatmulPlan) -> str:
-    """Digest of what decides the output's bytes: inputs' shapes, chunks, dtypes and the tiling."""
+def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
+    """Digest of what decides the output's bytes: the inputs (shapes, chunks, dtypes, metadata)
+    and the tiling."""
     key = {
+        "inputs": inputs_digest,
         "a": asdict(plan.a),
         "b": asdict(plan.b),
         "out": asdict(plan.out),
@@ -116,10 +123,14 @@ def fingerprint(plan: MatmulPlan) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _input_specs(a: str, b: str, options: dict[str, Any]) -> tuple[ArraySpec, ArraySpec]:
-    a_spec = io.array_spec(io.open_input(a, options, "A"), "A")
-    b_spec = io.array_spec(io.open_input(b, options, "B"), "B")
-    return a_spec, b_spec
+def _open_inputs(a: str, b: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    return io.open_input(a, options, "A"), io.open_input(b, options, "B")
+
+
+def _metadata_digest(arrays: tuple[Any, Any]) -> str:
+    """Digest of both inputs' Zarr metadata (codecs, fill value, attributes...)."""
+    meta = [json.dumps(x.metadata.to_dict(), sort_keys=True, default=str) for x in arrays]
+    return hashlib.sha256("\n".join(meta).encode()).hexdigest()[:16]
 
 
 def _plan(
@@ -195,7 +206,7 @@ def _prepare_output(
     return set()
 
 
-def _mark(store: StoreSpec, plan: MatmulPlan, fp: str, **attrs: Any) -> None:
+def _mark(store: StoreSpec, fp: str, **attrs: Any) -> None:
     array = io.open_output(store.out_url, store.storage_options)
     current = dict(array.attrs).get(io.ATTRS_KEY, {})
     array.attrs[io.ATTRS_KEY] = {**current, "fingerprint": fp, **attrs}
