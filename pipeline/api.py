@@ -88,7 +88,7 @@ def multiply(
         spec = TaskSpec(store, chosen, plan.compute_dtype, plan.out.dtype, fp)
         skip = _prepare_output(store, plan, fp, state, resume)
         with hold_lock(out, options):
-            run = collect(c, submit_plan(c, plan, spec, skip), progress)
+            run = collect(c, submit_plan(c, plan, spec, skip), plan, progress)
             _mark(store, fp, complete=True)
             verified = None
             if verify:

@@ -14,6 +14,7 @@ from kernels import CUDA_DTYPES, probe_devices
 from pipeline import tasks
 from pipeline.errors import BackendUnavailableError, JobError
 from pipeline.plan import MatmulPlan
+from pipeline.progress import ProgressLine
 from pipeline.spec import Tile
 from pipeline.tasks import TaskSpec, TileStats
 
@@ -60,20 +61,18 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
 
 def submit_plan(
     client: Client, plan: MatmulPlan, spec: TaskSpec, skip: set[tuple[int, int]]
-) -> list[Future[Any]]:
+) -> dict[tuple[int, int], Future[Any]]:
     """Submit every unfinished tile; returns one future per tile, resolving to TileStats."""
     run = uuid.uuid4().hex[:8]  # fresh keys: never reuse a result from an earlier run
     groups = plan.k_groups()
-    futures = []
+    futures = {}
     for tile in plan.tiles():
         if tile.index in skip:
             continue
         token = tokenize(spec, tile, plan.k_panels, run)
         if plan.split_k == 1:
-            futures.append(
-                client.submit(
-                    tasks.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
-                )
+            futures[tile.index] = client.submit(
+                tasks.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
             )
             continue
         partials = [
@@ -81,8 +80,8 @@ def submit_plan(
             for g, group in enumerate(groups)
         ]
         total = _tree_sum(client, partials, token)
-        futures.append(
-            client.submit(tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}")
+        futures[tile.index] = client.submit(
+            tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}"
         )
     return futures
 
@@ -103,22 +102,45 @@ def _tree_sum(client: Client, parts: list[Future[Any]], token: str) -> Future[An
     return parts[0]
 
 
-def collect(client: Client, futures: list[Future[Any]], progress: bool) -> RunStats:
-    """Wait for the tiles (with distributed's progress bar) and gather their small stats."""
-    if progress and futures:
-        from distributed import progress as progress_bar
-
-        progress_bar(futures)
-    wait(futures)
-    failed = [f for f in futures if f.status == "error"]
-    if failed:
-        error = failed[0].exception()
-        raise JobError(
-            f"{len(failed)} of {len(futures)} tile task(s) failed; first: "
-            f"{type(error).__name__}: {error}"
-        )
-    stats: list[TileStats] = client.gather(futures)
+def collect(
+    client: Client, futures: dict[tuple[int, int], Future[Any]], plan: MatmulPlan, progress: bool
+) -> RunStats:
+    """Wait for the tiles, drawing the progress line; on the first failure cancel the rest."""
+    flops = {t.index: 2 * t.shape[0] * t.shape[1] * plan.a.shape[1] for t in plan.tiles()}
+    line = ProgressLine(len(futures), sum(flops[i] for i in futures), progress)
+    pending, stats = set(futures.values()), []
+    try:
+        while pending:
+            done, pending = _wait_some(pending)
+            for future in done:
+                if future.status == "error":
+                    client.cancel(list(pending))
+                    raise _job_error(future, len(futures))
+                tile: TileStats = future.result()
+                stats.append(tile)
+                line.add(flops[tile.index], tile.bytes_read)
+            line.draw()
+    finally:
+        line.close()
+    stats.sort(key=lambda s: s.index)
     return RunStats(len(stats), sum(s.bytes_read for s in stats), tuple(stats))
+
+
+def _wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[Any]]]:
+    """Futures done within half a second (distributed's wait raises at its timeout)."""
+    try:
+        done, rest = wait(pending, timeout=0.5, return_when="FIRST_COMPLETED")
+    except TimeoutError:
+        return set(), pending
+    return set(done), set(rest)
+
+
+def _job_error(future: Future[Any], total: int) -> JobError:
+    error = future.exception()
+    return JobError(
+        f"a tile task failed ({type(error).__name__}: {error}); the other tasks of {total} "
+        "were cancelled; tiles already written are kept: rerun with --resume"
+    )
 
 
 def tiles_of(plan: MatmulPlan) -> dict[tuple[int, int], Tile]:
