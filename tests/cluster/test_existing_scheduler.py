@@ -1,0 +1,173 @@
+"""`--scheduler ADDRESS`: the CLI joins a running `dask scheduler` and never shuts it down."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client
+
+from tests.conftest import assert_product, random_matrix, write_array
+
+REPO = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 60
+CLI_TIMEOUT_S = 120
+
+
+@dataclass
+class RunningCluster:
+    address: str
+    processes: list[subprocess.Popen[bytes]]
+    workers: int
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _spawn(module: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
+    """A dask CLI process in its own session, so teardown can end it and its children."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", module, *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            start_new_session=True,
+        )
+
+
+def _stop(process: subprocess.Popen[bytes]) -> None:
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(timeout=15)
+
+
+def _read_address(scheduler_file: Path, scheduler: subprocess.Popen[bytes]) -> str:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        assert scheduler.poll() is None, "dask scheduler exited during start-up"
+        if scheduler_file.exists():
+            try:
+                return str(json.loads(scheduler_file.read_text())["address"])
+            except (ValueError, KeyError):
+                pass  # still being written
+        time.sleep(0.1)
+    raise TimeoutError(f"no scheduler file {scheduler_file} after {START_TIMEOUT_S} s")
+
+
+@pytest.fixture(scope="module")
+def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
+    """`dask scheduler` + `dask worker --nworkers 2` on loopback, killed at teardown."""
+    root = tmp_path_factory.mktemp("dask-cluster")
+    scheduler_file = root / "scheduler.json"
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        processes.append(
+            _spawn(
+                "distributed.cli.dask_scheduler",
+                *("--host", "127.0.0.1", "--port", "0", "--no-dashboard"),
+                *("--scheduler-file", str(scheduler_file)),
+                log=root / "scheduler.log",
+            )
+        )
+        address = _read_address(scheduler_file, processes[0])
+        processes.append(
+            _spawn(
+                "distributed.cli.dask_worker",
+                *("--scheduler-file", str(scheduler_file), "--host", "127.0.0.1"),
+                *("--nworkers", "2", "--nthreads", "1", "--memory-limit", "2GiB"),
+                *("--no-dashboard", "--death-timeout", "60"),
+                log=root / "worker.log",
+            )
+        )
+        with Client(address, timeout=START_TIMEOUT_S) as client:
+            client.wait_for_workers(2, timeout=START_TIMEOUT_S)
+        yield RunningCluster(address, processes, workers=2)
+    finally:
+        for process in reversed(processes):
+            _stop(process)
+
+
+def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=timeout,
+        check=False,
+    )
+
+
+def _assert_alive(cluster: RunningCluster) -> None:
+    for process in cluster.processes:
+        assert process.poll() is None, f"{process.args!r} exited with {process.returncode}"
+    with Client(cluster.address, timeout=20) as client:
+        assert len(client.scheduler_info()["workers"]) == cluster.workers
+
+
+def _inputs(tmp_path: Path, seed: int) -> tuple[np.ndarray, np.ndarray, str, str]:
+    rng = np.random.default_rng(seed)
+    a, b = random_matrix(rng, (37, 29), "float32"), random_matrix(rng, (29, 23), "float64")
+    a_url = write_array(tmp_path / "a.zarr", a, (10, 8))
+    b_url = write_array(tmp_path / "b.zarr", b, (8, 9))
+    return a, b, a_url, b_url
+
+
+def test_multiply_on_a_running_cluster_leaves_it_running(
+    running_cluster: RunningCluster, tmp_path: Path
+) -> None:
+    a, b, a_url, b_url = _inputs(tmp_path, seed=1)
+    out = str(tmp_path / "c.zarr")
+    cli = ("multiply", a_url, b_url, out, "--scheduler", running_cluster.address, "--no-progress")
+    done = run_cli(*cli)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert_product(zarr.open_array(out, mode="r")[:], a, b)
+    _assert_alive(running_cluster)
+
+    # Same paths, new data of the same shape, same long-lived workers: the new product.
+    a2, b2, _, _ = _inputs(tmp_path / "second", seed=2)
+    zarr.open_array(a_url, mode="r+")[:] = a2
+    zarr.open_array(b_url, mode="r+")[:] = b2
+    again = run_cli(*cli, "--overwrite")
+    assert again.returncode == 0, again.stderr
+    assert_product(zarr.open_array(out, mode="r")[:], a2, b2)
+    _assert_alive(running_cluster)
+
+
+def test_unreachable_scheduler_is_one_error_line(tmp_path: Path) -> None:
+    rng = np.random.default_rng(3)
+    a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (4, 3), "float32"), (2, 2))
+    b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (3, 5), "float32"), (2, 2))
+    out = tmp_path / "c.zarr"
+    started = time.monotonic()
+    done = run_cli(
+        *("multiply", a_url, b_url, str(out), "--scheduler", "tcp://127.0.0.1:1", "--no-progress"),
+        timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    assert "tcp://127.0.0.1:1" in errors[0]
+    assert elapsed < 20, f"took {elapsed:.1f} s to give up"
+    assert not out.exists(), "OUT was created although no cluster was reached"

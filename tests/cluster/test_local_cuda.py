@@ -1,0 +1,132 @@
+"""A real LocalCUDACluster on a machine without a GPU, through dask-cuda's MockWorker.
+
+The workers inherit NUMBA_ENABLE_CUDASIM=1 (set in conftest) and run the Numba CUDA kernels
+in the simulator, so this is the multi-GPU path of CI: one worker per "GPU", each tile task
+on some worker's device, tiles spread over both workers.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+from distributed import Client, get_task_stream
+
+from pipeline import multiply
+from tests.conftest import assert_product, random_matrix, write_array
+
+pytest.importorskip("dask_cuda")
+pytest.importorskip("kernels.cuda_host")
+
+TILE_TASK_PREFIXES = ("matmul-tile-", "matmul-partial-")
+"""Keys of the tasks that run a block product (whole tiles, or split-K groups)."""
+
+
+@pytest.fixture(scope="module")
+def cuda_client() -> Iterator[Client]:
+    from dask_cuda import LocalCUDACluster
+    from dask_cuda.utils_test import MockWorker
+
+    assert os.environ.get("NUMBA_ENABLE_CUDASIM") == "1", "conftest must switch the simulator on"
+    with warnings.catch_warnings():
+        # no NVML here: dask-cuda warns that it cannot pin workers to the mock devices' CPUs
+        warnings.filterwarnings("ignore", "Cannot get CPU affinity", UserWarning)
+        cluster = LocalCUDACluster(
+            CUDA_VISIBLE_DEVICES="0,1",
+            device_memory_limit=0,
+            worker_class=MockWorker,
+            data=dict,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            scheduler_port=0,
+            memory_limit="2GiB",
+        )
+    with cluster, Client(cluster) as client:
+        client.wait_for_workers(2, timeout=60)
+        yield client
+
+
+def _count_cuda_products() -> None:
+    """Run on each worker: count CudaAccumulator.add calls from now on."""
+    from kernels.cuda_host import CudaAccumulator
+
+    add = getattr(CudaAccumulator.add, "__wrapped__", CudaAccumulator.add)
+
+    @functools.wraps(add)
+    def counted(self: Any, *args: Any) -> None:
+        counted.calls += 1  # type: ignore[attr-defined]
+        add(self, *args)
+
+    counted.calls = 0  # type: ignore[attr-defined]
+    CudaAccumulator.add = counted  # type: ignore[method-assign, assignment]
+
+
+def _cuda_products_counted() -> int:
+    from kernels.cuda_host import CudaAccumulator
+
+    return int(getattr(CudaAccumulator.add, "calls", 0))
+
+
+# Pickled by value: workers must not import this module (conftest asserts numba is unimported).
+_count_cuda_products.__module__ = _cuda_products_counted.__module__ = "__main__"
+
+
+@pytest.fixture(scope="module")
+def operands(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, Any, str, str]:
+    """A 40x24 @ 24x30 float32 product, ragged against the kernel tiles and the chunks."""
+    root = tmp_path_factory.mktemp("cuda-inputs")
+    rng = np.random.default_rng(7)
+    a, b = random_matrix(rng, (40, 24), "float32"), random_matrix(rng, (24, 30), "float32")
+    return (
+        a,
+        b,
+        write_array(root / "a.zarr", a, (20, 10)),
+        write_array(root / "b.zarr", b, (12, 15)),
+    )
+
+
+def test_workers_see_two_devices_and_the_simulator(cuda_client: Client) -> None:
+    env = cuda_client.run(
+        lambda: (os.environ.get("CUDA_VISIBLE_DEVICES"), os.environ.get("NUMBA_ENABLE_CUDASIM"))
+    )
+    assert len(env) == 2
+    # dask-cuda rotates the device list: each worker's first device is a different "GPU"
+    assert sorted(devices for devices, _ in env.values()) == ["0,1", "1,0"]
+    assert {sim for _, sim in env.values()} == {"1"}
+
+
+def test_cuda_backend_runs_tiles_on_both_workers(
+    cuda_client: Client, operands: tuple[Any, Any, str, str], tmp_path: Path
+) -> None:
+    a, b, a_url, b_url = operands
+    out = str(tmp_path / "c.zarr")
+    cuda_client.run(_count_cuda_products)
+    with get_task_stream(cuda_client) as stream:
+        result = multiply(a_url, b_url, out, client=cuda_client, backend="cuda")
+    assert result.backend == "cuda"
+    assert result.plan.n_tiles * result.plan.split_k >= 2, "need >= 2 product tasks to spread"
+    assert_product(zarr.open_array(out, mode="r")[:], a, b)
+    workers = {
+        event["worker"] for event in stream.data if str(event["key"]).startswith(TILE_TASK_PREFIXES)
+    }
+    assert workers == set(cuda_client.scheduler_info()["workers"]), workers
+    # the products ran through the CUDA accumulator (simulated) on every worker, not BLAS
+    products = cuda_client.run(_cuda_products_counted)
+    assert all(n >= 1 for n in products.values()), products
+
+
+def test_auto_backend_picks_cpu_on_the_simulator(
+    cuda_client: Client, operands: tuple[Any, Any, str, str], tmp_path: Path
+) -> None:
+    a, b, a_url, b_url = operands
+    out = str(tmp_path / "c.zarr")
+    result = multiply(a_url, b_url, out, client=cuda_client, backend="auto")
+    assert result.backend == "cpu"  # the simulator is not a GPU
+    assert_product(zarr.open_array(out, mode="r")[:], a, b)
