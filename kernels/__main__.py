@@ -1,0 +1,31 @@
+"""`python -m kernels inspect [--cc 9.0] [--json] [--ptx-dir DIR]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m kernels")
+    commands = parser.add_subparsers(dest="command", required=True)
+    inspect = commands.add_parser(
+        "inspect", help="compile every CUDA kernel variant (no GPU needed) and report its SASS"
+    )
+    inspect.add_argument("--cc", default="9.0", help="compute capability (default 9.0)")
+    inspect.add_argument("--json", action="store_true", help="print a JSON list of reports")
+    inspect.add_argument("--ptx-dir", help="write .ptx/.cubin here (default: a new temp dir)")
+    args = parser.parse_args(argv)
+
+    from kernels.inspect import run
+
+    try:
+        print(run(args.cc, args.json, args.ptx_dir))
+    except (ValueError, RuntimeError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

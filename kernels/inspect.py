@@ -1,0 +1,367 @@
+"""`python -m kernels inspect`: compile every CUDA variant with no GPU and read its machine code.
+
+PTX comes from numba's compile_ptx; ptxas -v and cuobjdump -sass come from the nvidia-cuda-*
+wheels (the system ptxas may be too old for nvvm's PTX). The hottest loop is the innermost
+backward-branch loop with the most FFMA/DFMA. Parsing is pure functions on text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# --- pure parsing ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    opcode: str
+    """Full opcode with modifiers, e.g. "LDS.128"; the predicate is dropped."""
+    operands: str
+
+
+@dataclass(frozen=True, order=True)
+class Loop:
+    start: int
+    """Address of the branch target (the loop head)."""
+    end: int
+    """Address of the last backward branch to `start`."""
+
+
+_SASS_LINE = re.compile(
+    r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?(?P<op>[A-Z][A-Z0-9_.]*)(?P<rest>[^;]*);"
+)
+_BRANCHES = ("BRA", "JMP")
+_FP64_OPS = {"DADD", "DMUL", "DFMA", "DSETP", "DSET", "DMNMX", "DMMA"}
+
+
+def parse_sass(text: str) -> list[Instruction]:
+    """Instructions of a cuobjdump -sass listing (one kernel), in address order."""
+    out = []
+    for line in text.splitlines():
+        match = _SASS_LINE.match(line)
+        if match:
+            addr = int(match["addr"], 16)
+            out.append(Instruction(addr, match["op"], match["rest"].strip()))
+    return out
+
+
+def branch_target(ins: Instruction) -> int | None:
+    """Target address of a direct branch, else None."""
+    if ins.opcode.split(".")[0] not in _BRANCHES:
+        return None
+    found = re.findall(r"0x([0-9a-f]+)", ins.operands)
+    return int(found[-1], 16) if found else None
+
+
+def find_loops(instructions: Sequence[Instruction]) -> list[Loop]:
+    """Loops closed by backward branches; branches to the same head merge into one loop."""
+    ends: dict[int, int] = {}
+    for ins in instructions:
+        target = branch_target(ins)
+        if target is not None and target < ins.address:  # == is cuobjdump's trailing self-loop
+            ends[target] = max(ends.get(target, 0), ins.address)
+    return sorted(Loop(start, end) for start, end in ends.items())
+
+
+def innermost(loops: Sequence[Loop]) -> list[Loop]:
+    """Loops that contain no other loop."""
+
+    def contains(outer: Loop, inner: Loop) -> bool:
+        return outer != inner and outer.start <= inner.start and inner.end <= outer.end
+
+    return [lp for lp in loops if not any(contains(lp, other) for other in loops)]
+
+
+def loop_body(instructions: Sequence[Instruction], loop: Loop) -> list[Instruction]:
+    return [ins for ins in instructions if loop.start <= ins.address <= loop.end]
+
+
+def is_fp64(opcode: str) -> bool:
+    """FP64 arithmetic (DADD, DFMA, ...) or a conversion to or from float64."""
+    return opcode.split(".")[0] in _FP64_OPS or ".F64" in opcode
+
+
+def lds_width(opcode: str) -> int | None:
+    """Bits per thread of a shared-memory load (LDS, LDS.64, LDS.U.128, ...), else None."""
+    parts = opcode.split(".")
+    if parts[0] != "LDS":
+        return None
+    for width in (128, 64):
+        if str(width) in parts[1:]:
+            return width
+    return 32
+
+
+def count_loop(body: Sequence[Instruction], fma: str) -> dict[str, Any]:
+    """FMA, shared-load and FP64 counts of a loop body; `fma` is "FFMA" or "DFMA"."""
+    n_fma = sum(ins.opcode.split(".")[0] == fma for ins in body)
+    widths = [lds_width(ins.opcode) for ins in body]
+    lds = {f"lds{w}": widths.count(w) for w in (32, 64, 128)}
+    n_lds = sum(lds.values())
+    total = len(body)
+    return {
+        fma.lower(): n_fma,
+        **lds,
+        "instructions": total,
+        "ffma_share": round(n_fma / total, 4) if total else 0.0,
+        "ffma_per_lds": round(n_fma / n_lds, 2) if n_lds else None,
+    }
+
+
+def hottest_loop(instructions: Sequence[Instruction], fma: str) -> Loop | None:
+    """The innermost loop with the most `fma` instructions.
+
+    Ties (an interior-tile copy and an edge-tile copy of the same K loop) go to the shorter
+    loop: the specialised one that runs for every interior tile of a large product.
+    """
+
+    def key(lp: Loop) -> tuple[int, int]:
+        body = loop_body(instructions, lp)
+        return sum(i.opcode.split(".")[0] == fma for i in body), -len(body)
+
+    loops = innermost(find_loops(instructions))
+    return max(loops, key=key) if loops else None
+
+
+def parse_ptxas_info(text: str) -> dict[str, int]:
+    """Registers, spills, shared and local bytes from `ptxas -v` output (one kernel)."""
+
+    def grab(pattern: str) -> int:
+        match = re.search(pattern, text)
+        return int(match.group(1)) if match else 0
+
+    return {
+        "regs": grab(r"Used (\d+) registers"),
+        "spill_bytes": grab(r"(\d+) bytes spill stores") + grab(r"(\d+) bytes spill loads"),
+        "shared_bytes": grab(r"(\d+) bytes smem"),
+        "local_bytes": max(grab(r"(\d+) bytes stack frame"), grab(r"(\d+) bytes lmem")),
+    }
+
+
+def analyse(ptxas_text: str, sass_text: str, dtype: str) -> dict[str, Any]:
+    """All reported numbers for one kernel from its ptxas -v and SASS text."""
+    fma = "FFMA" if dtype == "float32" else "DFMA"
+    instructions = parse_sass(sass_text)
+    loop = hottest_loop(instructions, fma)
+    body = loop_body(instructions, loop) if loop else []
+    report: dict[str, Any] = parse_ptxas_info(ptxas_text)
+    report["local_instructions"] = sum(
+        i.opcode.split(".")[0] in ("LDL", "STL") for i in instructions
+    )
+    report["loop"] = f"{loop.start:#06x}-{loop.end:#06x}" if loop else None
+    report.update(count_loop(body, fma))
+    report["fp64_instructions"] = (
+        sum(is_fp64(i.opcode) for i in instructions) if dtype == "float32" else None
+    )
+    return report
+
+
+# --- targets -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Targets:
+    """Static goals for a default kernel's machine code (issue 3), per dtype."""
+
+    fma_per_lds: float
+    fma_share: float
+    max_regs: int
+    max_shared_bytes: int = 48 * 1024
+
+
+TARGETS = {
+    # 16 FFMA per LDS.128 = 4 FMA per loaded float; <= 128 registers keeps 2 blocks of 256 per SM.
+    "float32": Targets(fma_per_lds=16, fma_share=0.80, max_regs=128),
+    # Same 4 FMA per loaded element: 8 DFMA per LDS.128 (two doubles). 16 per load would need
+    # 16 x 16 outputs per thread (512 registers), so the share target is lower too.
+    "float64": Targets(fma_per_lds=8, fma_share=0.75, max_regs=255),
+}
+
+
+def check_targets(report: dict[str, Any]) -> list[str]:
+    """What a kernel's report misses of its dtype's targets (empty list: all met)."""
+    t = TARGETS[report["dtype"]]
+    fma = "ffma" if report["dtype"] == "float32" else "dfma"
+    checks = [
+        (report["spill_bytes"] == 0, f"spills {report['spill_bytes']} bytes"),
+        (
+            report["local_bytes"] == 0 and report["local_instructions"] == 0,
+            f"local memory ({report['local_bytes']} bytes, {report['local_instructions']} LDL/STL)",
+        ),
+        (report["regs"] <= t.max_regs, f"{report['regs']} registers > {t.max_regs}"),
+        (
+            report["shared_bytes"] <= t.max_shared_bytes,
+            f"{report['shared_bytes']} bytes shared > {t.max_shared_bytes}",
+        ),
+        (
+            (report["ffma_per_lds"] or 0) >= t.fma_per_lds,
+            f"{report['ffma_per_lds']} {fma} per shared load < {t.fma_per_lds}",
+        ),
+        (
+            report["ffma_share"] >= t.fma_share,
+            f"{fma} {report['ffma_share']:.0%} of the loop < {t.fma_share:.0%}",
+        ),
+        (
+            report["lds128"] > 0 and report["lds32"] == report["lds64"] == 0,
+            f"shared loads not all 128-bit ({report['lds32']} x32, {report['lds64']} x64)",
+        ),
+        (not report["fp64_instructions"], f"{report['fp64_instructions']} FP64 instructions"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+# --- compiling (needs numba-cuda and the CUDA wheels, no GPU) ----------------------------------
+
+
+def find_tool(name: str) -> Path:
+    """A CUDA binary (ptxas, cuobjdump) from the nvidia-* wheels: nvidia/cu*/bin/<name>."""
+    try:
+        import nvidia
+    except ImportError:
+        nvidia = None
+    roots = [Path(p) for p in getattr(nvidia, "__path__", [])]
+    found = sorted(path for root in roots for path in root.glob(f"*/bin/{name}"))
+    if not found:
+        raise FileNotFoundError(
+            f"{name} not found under the nvidia wheels ({[str(r) for r in roots]}); "
+            "pip install nvidia-cuda-nvcc nvidia-cuda-cuobjdump (the system one may be too old)"
+        )
+    return found[-1]  # the newest CUDA major (cu13 after cu12)
+
+
+def parse_cc(text: str) -> tuple[int, int]:
+    """ "9.0" -> (9, 0)."""
+    match = re.fullmatch(r"(\d+)\.(\d)", text.strip())
+    if not match:
+        raise ValueError(f"compute capability must look like 9.0 or 8.6, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def compile_kernel_ptx(
+    kernel: Callable[..., None], dtype: str, cc: tuple[int, int], launch_bounds: Any = None
+) -> str:
+    """PTX of kernel(a, b, c) for C-contiguous 2-D arrays of `dtype`, with no GPU."""
+    import numba
+    from numba.core import config
+
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError(
+            "kernels inspect compiles real PTX: run it with NUMBA_ENABLE_CUDASIM unset"
+        )
+    from numba import cuda
+
+    array = getattr(numba, dtype)[:, ::1]
+    ptx, _ = cuda.compile_ptx(kernel, (array, array, array), cc=cc, launch_bounds=launch_bounds)
+    return str(ptx)
+
+
+def _run(args: list[str]) -> str:
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{Path(args[0]).name} failed ({done.returncode}): {done.stderr.strip()}"
+        )
+    return done.stdout + done.stderr
+
+
+def inspect_kernel(
+    name: str,
+    dtype: str,
+    kernel: Callable[..., None],
+    cc: tuple[int, int],
+    ptx_dir: Path,
+    launch_bounds: Any = None,
+    default: bool = False,
+) -> dict[str, Any]:
+    """Compile, assemble and disassemble one kernel; its report as a flat dict."""
+    arch = f"sm_{cc[0]}{cc[1]}"
+    ptx = ptx_dir / f"{name}.{arch}.ptx"
+    ptx.write_text(compile_kernel_ptx(kernel, dtype, cc, launch_bounds))
+    cubin = ptx.with_suffix(".cubin")
+    info = _run([str(find_tool("ptxas")), "-v", f"-arch={arch}", str(ptx), "-o", str(cubin)])
+    sass = _run([str(find_tool("cuobjdump")), "-sass", str(cubin)])
+    report = {"name": name, "dtype": dtype, "default": default, "ptx": str(ptx), "cc": arch}
+    report.update(analyse(info, sass, dtype))
+    report["targets_missed"] = check_targets(report)
+    return report
+
+
+def inspect_variants(cc: tuple[int, int], ptx_dir: Path) -> list[dict[str, Any]]:
+    """Reports for every registered CUDA variant."""
+    from kernels.cuda_host import VARIANTS
+
+    ptx_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        inspect_kernel(
+            v.name, v.dtype.name, v.make_kernel(), cc, ptx_dir, v.launch_bounds, v.default
+        )
+        for v in VARIANTS.values()
+    ]
+
+
+# --- output -----------------------------------------------------------------------------------
+
+_COLUMNS = [
+    ("variant", lambda r: r["name"] + (" *" if r["default"] else "")),
+    ("regs", lambda r: r["regs"]),
+    ("spill", lambda r: r["spill_bytes"]),
+    ("local", lambda r: r["local_bytes"]),
+    ("smem", lambda r: r["shared_bytes"]),
+    ("fma", lambda r: r.get("ffma", r.get("dfma"))),
+    ("lds32", lambda r: r["lds32"]),
+    ("lds64", lambda r: r["lds64"]),
+    ("lds128", lambda r: r["lds128"]),
+    ("loop", lambda r: r["instructions"]),
+    ("fma%", lambda r: f"{r['ffma_share']:.1%}"),
+    ("fma/lds", lambda r: "-" if r["ffma_per_lds"] is None else f"{r['ffma_per_lds']:g}"),
+    ("fp64", lambda r: "-" if r["fp64_instructions"] is None else r["fp64_instructions"]),
+    ("targets", lambda r: "met" if not r["targets_missed"] else "; ".join(r["targets_missed"])),
+]
+
+
+def format_table(reports: Sequence[dict[str, Any]]) -> str:
+    """Aligned text table, one row per kernel; * marks the default of its dtype."""
+    rows = [[name for name, _ in _COLUMNS]]
+    rows += [[str(get(r)) for _, get in _COLUMNS] for r in reports]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
+    lines.append(
+        "fma: FFMA (float32) or DFMA (float64) in the hottest loop, whose length is `loop`; "
+        "* = default; targets: the default's static goals"
+    )
+    if reports:
+        lines.append(f"PTX and cubins in {Path(reports[0]['ptx']).parent}")
+    lines.append("toolchain: " + ", ".join(f"{k} {v}" for k, v in toolchain_versions().items()))
+    return "\n".join(lines)
+
+
+def toolchain_versions() -> dict[str, str]:
+    """Versions the numbers depend on (the gate is calibrated on one set)."""
+    from importlib import metadata
+
+    names = ("numba", "numba-cuda", "nvidia-nvvm", "nvidia-cuda-nvcc", "nvidia-cuda-cuobjdump")
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+def run(cc: str, as_json: bool, ptx_dir: str | None) -> str:
+    """The `inspect` command's output text."""
+    out_dir = Path(ptx_dir) if ptx_dir else Path(tempfile.mkdtemp(prefix="kernels-inspect-"))
+    reports = inspect_variants(parse_cc(cc), out_dir)
+    return json.dumps(reports, indent=2) if as_json else format_table(reports)
