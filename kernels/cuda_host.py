@@ -5,7 +5,10 @@ numba is imported lazily so that importing this module works where numba-cuda do
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +93,15 @@ def cuda_available() -> bool:
         return False
 
 
+# The simulator keeps its kernel context in a module global: two host threads launching at
+# once (Dask worker threads) would make the second launch run as a device function.
+_SIMULATOR_LOCK = threading.Lock()
+
+
+def _simulated() -> bool:
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
 @functools.cache
 def _jit(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
     from numba import config, cuda
@@ -141,7 +153,8 @@ class CudaAccumulator:
         d_a = cuda.to_device(np.ascontiguousarray(a))
         d_b = cuda.to_device(np.ascontiguousarray(b))
         cfg = self.variant.launch(m, n)
-        self._kernel[cfg.grid, cfg.block](d_a, d_b, self._c)
+        with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
+            self._kernel[cfg.grid, cfg.block](d_a, d_b, self._c)
 
     def _check_panels(self, a: NDArray[Any], b: NDArray[Any]) -> None:
         m, n = self.shape

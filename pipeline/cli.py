@@ -146,9 +146,10 @@ def run_multiply(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from cluster import start
-    from pipeline.verify import verify_product
+    from pipeline.verify import check_shapes, verify_product
 
     options = parse_storage_options(args.storage_option)
+    check_shapes(args.a, args.b, args.c, options)  # refuse before starting a cluster
     with start(_spec(args)) as client:
         result = verify_product(
             client,

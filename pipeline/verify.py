@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 from pipeline import io
 from pipeline.errors import InputError, JobError
 from pipeline.plan import result_dtype
+from pipeline.spec import ArraySpec
 
 TAU = 4.0
 """Safety factor on the probabilistic rounding bound."""
@@ -52,15 +53,8 @@ def verify_product(
     progress: bool = False,
 ) -> VerifyResult:
     options = dict(storage_options or {})
-    a = io.array_spec(io.open_input(a_url, options, "A"), "A")
-    b = io.array_spec(io.open_input(b_url, options, "B"), "B")
-    c = io.array_spec(io.open_input(c_url, options, "C"), "C")
+    a, b, c = check_shapes(a_url, b_url, c_url, options)
     (m, k), n = a.shape, b.shape[1]
-    if a.shape[1] != b.shape[0] or c.shape != (m, n):
-        raise InputError(
-            f"shapes do not match: A {a.shape[0]}x{a.shape[1]}, B {b.shape[0]}x{b.shape[1]}, "
-            f"C {c.shape[0]}x{c.shape[1]}; C must be {m}x{n}"
-        )
     _, compute = result_dtype(a.dtype, b.dtype)
     r = _signs(n, rounds, seed)
     br_parts = [
@@ -102,6 +96,22 @@ def verify_product(
         raise JobError(f"verification task failed: {failed[0].exception()}")
     ratios: list[NDArray[np.float64]] = client.gather(checks)
     return _summarize(ratios, rows, rounds)
+
+
+def check_shapes(
+    a_url: str, b_url: str, c_url: str, options: dict[str, Any] | None
+) -> tuple[ArraySpec, ArraySpec, ArraySpec]:
+    """Open A, B and C read-only and refuse shapes that can't be A, B and A @ B."""
+    a = io.array_spec(io.open_input(a_url, options, "A"), "A")
+    b = io.array_spec(io.open_input(b_url, options, "B"), "B")
+    c = io.array_spec(io.open_input(c_url, options, "C"), "C")
+    (m, k), n = a.shape, b.shape[1]
+    if k != b.shape[0] or c.shape != (m, n):
+        raise InputError(
+            f"shapes do not match: A {m}x{k}, B {b.shape[0]}x{n}, C {c.shape[0]}x{c.shape[1]}; "
+            f"A's columns must equal B's rows and C must be {m}x{n}"
+        )
+    return a, b, c
 
 
 def _summarize(
