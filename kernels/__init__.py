@@ -8,7 +8,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-BACKENDS = ("auto", "cuda", "cpu")
+BACKENDS = ("auto", "cuda", "cpu", "cublas")
 CUDA_DTYPES = ("float32", "float64")
 
 
@@ -18,21 +18,26 @@ class Accumulator(Protocol):
 
 
 def make_accumulator(backend: str, shape: tuple[int, int], dtype: str) -> Accumulator:
-    """A zeroed ``shape`` accumulator on the given backend ("cpu" or "cuda")."""
+    """A zeroed ``shape`` accumulator on the given backend ("cpu", "cuda" or "cublas")."""
     if backend == "cuda":
         from kernels.cuda_host import CudaAccumulator
 
         return CudaAccumulator(shape, np.dtype(dtype))
+    if backend == "cublas":
+        from kernels.cublas import CublasAccumulator
+
+        return CublasAccumulator(shape, np.dtype(dtype))
     from kernels.cpu import CpuAccumulator
 
     return CpuAccumulator(shape, dtype)
 
 
-def probe_devices(need_cuda: bool = False) -> dict[str, bool]:
+def probe_devices(need_cuda: bool = False, need_cublas: bool = False) -> dict[str, bool]:
     """What this process can run: a real GPU, and CUDA at all (the simulator counts there).
 
     NVML answers "is there a GPU" cheaply; numba (~1 s to import) is loaded only when a GPU is
-    there or the cuda backend was asked for explicitly.
+    there or the cuda backend was asked for explicitly. The "cublas" key (CuPy and a GPU) is
+    there only when asked for, so the other backends never import CuPy.
     """
     simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     cuda = False
@@ -43,7 +48,12 @@ def probe_devices(need_cuda: bool = False) -> dict[str, bool]:
             cuda = cuda_available()
         except Exception:  # noqa: BLE001 - any import or driver failure means "no CUDA"
             cuda = False
-    return {"gpu": cuda and not simulator, "cuda": cuda, "simulator": simulator}
+    found = {"gpu": cuda and not simulator, "cuda": cuda, "simulator": simulator}
+    if need_cublas:
+        from kernels.cublas import cublas_available
+
+        found["cublas"] = cublas_available()
+    return found
 
 
 def _nvml_gpus() -> int:

@@ -15,6 +15,7 @@ import psutil
 from distributed import Client
 
 from cluster import ClusterSpec, start
+from kernels import BACKENDS
 from pipeline import io
 from pipeline.errors import UsageError
 from pipeline.execute import collect, describe_workers, resolve_backend, submit_plan
@@ -64,8 +65,8 @@ def multiply(
     started = time.perf_counter()
     options = dict(storage_options or {})
     budget = parse_size(memory_limit) if isinstance(memory_limit, str) else memory_limit
-    if backend not in ("auto", "cuda", "cpu"):
-        raise UsageError(f"unknown backend {backend!r}; choose auto, cuda or cpu")
+    if backend not in BACKENDS:
+        raise UsageError(f"unknown backend {backend!r}; choose {', '.join(BACKENDS)}")
     if overwrite and resume:
         raise UsageError("--overwrite and --resume exclude each other; pick one")
     arrays = _open_inputs(a, b, options)

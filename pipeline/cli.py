@@ -35,9 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
     mul.add_argument(
         "--backend",
-        choices=("auto", "cuda", "cpu"),
+        choices=("auto", "cuda", "cpu", "cublas"),
         default="auto",
-        help="auto: cuda where every worker sees a GPU, else cpu",
+        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
     )
     _cluster_args(mul)
     write = mul.add_mutually_exclusive_group()

@@ -30,7 +30,7 @@ class RunStats:
 
 def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
     """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it."""
-    devices = client.run(probe_devices, requested == "cuda")
+    devices = client.run(probe_devices, requested == "cuda", requested == "cublas")
     if not devices:
         raise BackendUnavailableError("the cluster has no workers to run on")
     if requested == "cpu":
@@ -51,12 +51,31 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
                 "use --backend cpu or convert the inputs"
             )
         return "cuda"
+    if requested == "cublas":
+        _check_cublas(devices, compute_dtype)
+        return "cublas"
     chosen = "cuda" if all_gpu and compute_dtype in CUDA_DTYPES else "cpu"
     reason = "a GPU on every worker" if chosen == "cuda" else "no GPU visible to the workers"
     if all_gpu and chosen == "cpu":
         reason = f"{compute_dtype} is not a GPU dtype"
     log.info("backend: %s (%s)", chosen, reason)
     return chosen
+
+
+def _check_cublas(devices: dict[str, dict[str, bool]], compute_dtype: str) -> None:
+    """Like the cuda checks: CuPy and a GPU on every worker, and a dtype cuBLAS computes."""
+    missing = sorted(w for w, d in devices.items() if not d.get("cublas"))
+    if missing:
+        raise BackendUnavailableError(
+            f"--backend cublas needs CuPy (pip install cupy-cuda13x) and a CUDA GPU on every "
+            f"worker, but {len(missing)} of {len(devices)} worker(s) lack them "
+            f"({', '.join(missing)}); install CuPy there, or use --backend cuda, cpu or auto"
+        )
+    if compute_dtype not in CUDA_DTYPES:
+        raise BackendUnavailableError(
+            f"the cublas backend computes float32 and float64 only, not {compute_dtype}; "
+            "use --backend cpu or convert the inputs"
+        )
 
 
 def submit_plan(

@@ -1,0 +1,117 @@
+"""cuBLAS backend through CuPy: acc += a @ b as one gemm with beta=1 on the device.
+
+Each panel is copied to the device once; the accumulator stays there for the whole K loop and
+cuBLAS adds into it (``cupy.cublas.gemm(..., beta=1)``), so no temporary product and no extra
+pass over the output per panel. CuPy is imported lazily: this module imports anywhere and says
+what is missing when asked for an accumulator.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+INSTALL_HINT = "the cublas backend needs CuPy (pip install cupy-cuda13x) and a CUDA GPU"
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+MAX_DIM = 2**31 - 1
+"""Largest m, n or panel width: cublas<t>gemm takes 32-bit int sizes."""
+
+
+class CublasUnavailableError(RuntimeError):
+    """CuPy is not installed, or it sees no CUDA GPU. ``reason`` says which."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"{INSTALL_HINT}; {reason}")
+        self.reason = reason
+
+
+def load_cupy() -> Any:
+    """The cupy module (with cupy.cublas loaded) on a machine with a GPU, else the error."""
+    try:
+        import cupy
+        from cupy import cublas  # noqa: F401 - binds cupy.cublas, whose gemm add() calls
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken CUDA library at import
+        raise CublasUnavailableError(f"importing CuPy failed ({type(e).__name__}: {e})") from e
+    if _device_count(cupy) < 1:
+        raise CublasUnavailableError("CuPy is installed but sees no CUDA GPU")
+    return cupy
+
+
+def _device_count(cupy: Any) -> int:
+    try:
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no driver: CuPy raises its CUDARuntimeError
+        return 0
+
+
+def cublas_available() -> bool:
+    """True when CuPy imports and sees at least one GPU."""
+    try:
+        load_cupy()
+    except CublasUnavailableError:
+        return False
+    return True
+
+
+def check_dtype(dtype: np.dtype[Any] | type | str) -> np.dtype[Any]:
+    """The dtype as numpy.dtype if it is float32 or float64, else TypeError."""
+    dt = np.dtype(dtype)
+    if dt not in DTYPES:
+        raise TypeError(
+            f"the cublas backend computes float32 and float64, got {dt}; cast the inputs with "
+            "astype(numpy.float32) or astype(numpy.float64), or use the cpu backend"
+        )
+    return dt
+
+
+class CublasAccumulator:
+    """A zeroed device matrix that K panels are multiplied into with cuBLAS: acc += a @ b."""
+
+    def __init__(self, shape: tuple[int, int], dtype: np.dtype[Any] | type | str) -> None:
+        self.dtype = check_dtype(dtype)
+        m, n = (int(s) for s in shape)
+        if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
+            raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
+        self.shape = (m, n)
+        self._cupy = load_cupy()
+        # C order: cupy.cublas.gemm then computes C^T = B^T A^T in place, without a copy of C.
+        self._c = self._cupy.zeros(self.shape, dtype=self.dtype)
+
+    def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
+        """acc += a @ b, with a (m, w) and b (w, n) host arrays of the accumulator's dtype."""
+        check_panels(self.shape, self.dtype, a, b)
+        m, n = self.shape
+        if m == 0 or n == 0 or a.shape[1] == 0:
+            return  # nothing to add; cuBLAS rejects leading dimensions of 0
+        cp = self._cupy
+        # One host-to-device copy per panel; the accumulator never leaves the device.
+        d_a = cp.asarray(np.ascontiguousarray(a))
+        d_b = cp.asarray(np.ascontiguousarray(b))
+        cp.cublas.gemm("N", "N", d_a, d_b, out=self._c, alpha=1.0, beta=1.0)
+
+    def result(self) -> NDArray[Any]:
+        """The accumulated matrix as a C-contiguous host array."""
+        return np.ascontiguousarray(self._cupy.asnumpy(self._c))
+
+
+def check_panels(
+    shape: tuple[int, int], dtype: np.dtype[Any], a: NDArray[Any], b: NDArray[Any]
+) -> None:
+    """ValueError/TypeError unless a (m, w) @ b (w, n) of ``dtype`` gives ``shape``."""
+    m, n = shape
+    if a.ndim != 2 or b.ndim != 2:
+        raise ValueError(f"panels must be 2-D, got a.ndim={a.ndim}, b.ndim={b.ndim}")
+    if a.shape[0] != m or b.shape[1] != n or a.shape[1] != b.shape[0]:
+        raise ValueError(
+            f"panel shapes a{a.shape} @ b{b.shape} do not give the accumulator's {shape}; "
+            f"need a ({m}, w) and b (w, {n})"
+        )
+    if a.shape[1] > MAX_DIM:
+        raise ValueError(f"panel width {a.shape[1]} > 2**31 - 1; split K into narrower panels")
+    if a.dtype != dtype or b.dtype != dtype:
+        raise TypeError(
+            f"panels must be {dtype} like the accumulator, got a {a.dtype}, b {b.dtype}; "
+            f"cast with astype(numpy.{dtype.name})"
+        )
