@@ -7,10 +7,12 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
+import dask
 import psutil
 from distributed import Client
 
@@ -86,7 +88,15 @@ def multiply(
         chosen = resolve_backend(c, backend, plan.compute_dtype)
         store = StoreSpec(a, b, out, options)
         fp = fingerprint(plan, _metadata_digest(arrays))
-        spec = TaskSpec(store, chosen, plan.compute_dtype, plan.out.dtype, fp)
+        spec = TaskSpec(
+            store,
+            chosen,
+            plan.compute_dtype,
+            plan.out.dtype,
+            fp,
+            plan.cache_bytes,
+            uuid.uuid4().hex,
+        )
         skip = _prepare_output(store, plan, fp, state, resume)
         with hold_lock(out, options):
             run = collect(c, submit_plan(c, plan, spec, skip), plan, progress)
@@ -155,6 +165,7 @@ def _plan(
     return plan_matmul(
         a,
         b,
+        cache_fraction=float(dask.config.get("tilegemm.cache-fraction", 0.5)),
         workers=workers,
         threads_per_worker=threads,
         memory_limit_bytes=limit,

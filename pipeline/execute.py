@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,32 +87,36 @@ def submit_plan(
     run = uuid.uuid4().hex[:8]  # fresh keys: never reuse a result from an earlier run
     groups = plan.k_groups()
     futures = {}
-    for tile in plan.tiles():
+    for order, tile in enumerate(plan.tiles()):
         if tile.index in skip:
             continue
         token = tokenize(spec, tile, plan.k_panels, run)
+        # Plan order (column by column) lets concurrent tiles share decoded panels.
+        submit = functools.partial(client.submit, priority=-order)
         if plan.split_k == 1:
-            futures[tile.index] = client.submit(
+            futures[tile.index] = submit(
                 tasks.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
             )
             continue
         partials = [
-            client.submit(tasks.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")
+            submit(tasks.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")
             for g, group in enumerate(groups)
         ]
-        total = _tree_sum(client, partials, token)
-        futures[tile.index] = client.submit(
+        total = _tree_sum(submit, partials, token)
+        futures[tile.index] = submit(
             tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}"
         )
     return futures
 
 
-def _tree_sum(client: Client, parts: list[Future[Any]], token: str) -> Future[Any]:
+def _tree_sum(
+    submit: Callable[..., Future[Any]], parts: list[Future[Any]], token: str
+) -> Future[Any]:
     """Pairwise sums in a fixed order, so the result is the same on any number of workers."""
     level = 0
     while len(parts) > 1:
         nxt = [
-            client.submit(
+            submit(
                 tasks.sum_partials, parts[i], parts[i + 1], key=f"matmul-reduce-{token}-{level}-{i}"
             )
             for i in range(0, len(parts) - 1, 2)

@@ -12,6 +12,7 @@ import numpy as np
 import zarr
 import zarr.errors
 from numpy.typing import NDArray
+from zarr.codecs import BloscCodec
 
 from pipeline.errors import (
     InputError,
@@ -98,12 +99,16 @@ def create_output(
 ) -> Any:
     """Create OUT as a Zarr v3 array. Floats are filled with NaN so unwritten tiles show."""
     fill = np.nan if np.dtype(dtype).kind in "fc" else 0
+    # Blosc-LZ4 with byte shuffle: written ~1.3x faster than zarr's default zstd, and read ~1.7x
+    # faster, for a similar ratio on float products (measured in the README's benchmark notes).
+    compressors = [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
     return zarr.create_array(
         url,
         shape=shape,
         chunks=tuple(max(c, 1) for c in chunks),
         dtype=dtype,
         fill_value=fill,
+        compressors=compressors,
         zarr_format=3,
         attributes={ATTRS_KEY: attributes},
         storage_options=_options(url, storage_options),

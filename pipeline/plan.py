@@ -22,6 +22,8 @@ FLOPS_PER_THREAD = 50e9
 """Planning guess of one worker thread's multiply rate, in flop/s (only ratios matter)."""
 DECODE_BYTES_PER_THREAD = 0.5e9
 """Planning guess of one thread's read-and-decode (or encode-and-write) rate, in bytes/s."""
+TASK_OVERHEAD_SECONDS = 0.05
+"""Scheduling, store opening and Python per task: favours fewer, bigger tasks on a tie."""
 REDUCE_BYTES_PER_SECOND = 2e9
 """Planning guess of moving and adding split-K partials, in bytes/s."""
 
@@ -51,6 +53,8 @@ class MatmulPlan:
     """Projected peak host memory of one worker (its busy threads and held partials), in bytes."""
     device_bytes: int
     """Projected device memory of one task on the cuda backend, in bytes."""
+    cache_bytes: int = 0
+    """Budget of each worker's shared cache of decoded panels, in bytes (spare memory)."""
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -74,11 +78,29 @@ class MatmulPlan:
 
     @property
     def read_bytes(self) -> int:
-        """Planned bytes read from storage: each tile reads its A row block and B column block."""
+        """Planned bytes read from storage.
+
+        Each tile needs its A row block and B column block. Tiles run column by column, T at a
+        time per worker, sharing decoded panels through the worker's cache: a B column block is
+        decoded once per wave of T tiles when the cache holds their current panels, once per
+        worker when it holds the whole block; A once per worker when all of A fits beside it.
+        """
         (m, k), n = self.a.shape, self.b.shape[1]
         rows, cols = self.grid
-        a_item, b_item = np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize
-        return cols * m * k * a_item + rows * k * n * b_item
+        (tm, tn), c = self.tile_shape, np.dtype(self.compute_dtype).itemsize
+        width = max((k1 - k0 for k0, k1 in self.k_panels), default=0)
+        threads, workers = self.threads_per_worker, self.workers
+        b_block = k * tn * c
+        if self.cache_bytes >= b_block:
+            b_times = min(rows, workers)
+        elif self.cache_bytes >= threads * (tm + tn) * width * c:
+            b_times = _ceil_div(rows, threads)
+        else:
+            b_times = rows
+        a_times = min(cols, workers) if self.cache_bytes >= m * k * c + b_block else cols
+        a_bytes = m * k * np.dtype(self.a.dtype).itemsize
+        b_bytes = k * n * np.dtype(self.b.dtype).itemsize
+        return a_times * a_bytes + b_times * b_bytes
 
     @property
     def compulsory_read_bytes(self) -> int:
@@ -97,11 +119,11 @@ class MatmulPlan:
         return max(bound, self.compulsory_read_bytes)
 
     def tiles(self) -> Iterator[Tile]:
-        """Tiles in row-major order."""
+        """Tiles column by column: concurrent tiles then share B panels (see read_bytes)."""
         (m, n), (tm, tn) = self.out.shape, self.tile_shape
         rows, cols = self.grid
-        for i in range(rows):
-            for j in range(cols):
+        for j in range(cols):
+            for i in range(rows):
                 yield Tile((i, j), (i * tm, min((i + 1) * tm, m)), (j * tn, min((j + 1) * tn, n)))
 
     def k_groups(self) -> list[tuple[tuple[int, int], ...]]:
@@ -151,10 +173,12 @@ def plan_matmul(
     memory_limit_bytes: int,
     panel_width: int | None = None,
     tile_shape: tuple[int, int] | None = None,
+    cache_fraction: float = 0.5,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
-    ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with).
+    ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with);
+    ``cache_fraction`` of the spare memory holds decoded panels for reuse (0 turns it off).
     """
     _check_operands(a, b)
     if workers < 1 or threads_per_worker < 1:
@@ -172,7 +196,7 @@ def plan_matmul(
     candidates = [tile_shape] if tile_shape else _tile_candidates(out)
     for shape in candidates:
         plan = _candidate(a, b, out, compute_dtype, shape, panels, workers, threads_per_worker)
-        plan = _with_budget(plan, memory_limit_bytes)
+        plan = _with_budget(plan, memory_limit_bytes, cache_fraction)
         if smallest is None or plan.worker_bytes < smallest.worker_bytes:
             smallest = plan
         if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
@@ -247,7 +271,7 @@ def _candidate(
     )
 
 
-def _with_budget(plan: MatmulPlan, memory_limit_bytes: int) -> MatmulPlan:
+def _with_budget(plan: MatmulPlan, memory_limit_bytes: int, cache_fraction: float) -> MatmulPlan:
     """Fill in the projected memory of a task and of a worker."""
     from dataclasses import replace
 
@@ -258,12 +282,18 @@ def _with_budget(plan: MatmulPlan, memory_limit_bytes: int) -> MatmulPlan:
     held = _ceil_div(plan.n_tasks, plan.workers) * acc if plan.split_k > 1 else 0
     busy = min(plan.threads_per_worker, plan.n_tasks)
     worker = busy * task + held
+    # A share of the spare memory (at most all of both inputs) keeps decoded panels for reuse.
+    spare = memory_limit_bytes - WORKER_OVERHEAD_BYTES - worker
+    c_item = np.dtype(plan.compute_dtype).itemsize
+    inputs = (plan.a.shape[0] * plan.a.shape[1] + plan.b.shape[0] * plan.b.shape[1]) * c_item
+    cache = max(min(int(spare * cache_fraction), inputs), 0)
     return replace(
         plan,
         memory_limit_bytes=memory_limit_bytes,
         task_bytes=task,
-        worker_bytes=worker,
+        worker_bytes=worker + cache,
         device_bytes=device,
+        cache_bytes=cache,
     )
 
 
@@ -294,10 +324,10 @@ def _estimated_seconds(plan: MatmulPlan) -> float:
     tm, tn = plan.tile_shape
     k = plan.a.shape[1]
     task_flops = 2 * tm * tn * k / plan.split_k
-    item = np.dtype(plan.a.dtype).itemsize
-    task_read = (tm + tn) * k * item / plan.split_k
+    task_read = plan.read_bytes / max(plan.n_tasks, 1)
     rounds = _ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
-    product = rounds * (task_flops / FLOPS_PER_THREAD + task_read / DECODE_BYTES_PER_THREAD)
+    task = task_flops / FLOPS_PER_THREAD + task_read / DECODE_BYTES_PER_THREAD
+    product = rounds * (task + TASK_OVERHEAD_SECONDS)
     acc = tm * tn * np.dtype(plan.compute_dtype).itemsize
     levels = math.ceil(math.log2(plan.split_k)) if plan.split_k > 1 else 0
     write_rounds = _ceil_div(plan.n_tiles, plan.workers * plan.threads_per_worker)

@@ -15,9 +15,8 @@ from numpy.typing import NDArray
 
 from kernels import make_accumulator
 from pipeline import io
+from pipeline.panels import CACHE
 from pipeline.spec import StoreSpec, Tile
-
-Panel = tuple[NDArray[Any], NDArray[Any]]
 
 
 @dataclass(frozen=True)
@@ -31,6 +30,11 @@ class TaskSpec:
     out_dtype: str
     fingerprint: str
     """The plan's fingerprint, written into journal entries."""
+    cache_bytes: int = 0
+    """Budget of the worker's shared cache of decoded panels, in bytes (0: off)."""
+    run_id: str = ""
+    """Unique per job: cached panels never outlive the job that decoded them (inputs may be
+    rewritten in place between jobs on a long-lived cluster)."""
 
 
 @dataclass(frozen=True)
@@ -50,18 +54,17 @@ def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
     a = io.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
     b = io.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype)
+    CACHE.use(spec.run_id, spec.cache_bytes)
     bytes_read = 0
-    for a_panel, b_panel in _prefetched(a, b, tile, panels, spec.compute_dtype):
-        bytes_read += _stored_bytes(a, a_panel) + _stored_bytes(b, b_panel)
+    for a_panel, b_panel, decoded in _prefetched(spec, a, b, tile, panels):
+        bytes_read += decoded
         acc.add(a_panel, b_panel)
     return acc.result(), bytes_read
 
 
 def sum_partials(x: Any, y: Any) -> Any:
     """One node of the split-K tree: the sum of two (partial, bytes_read) pairs."""
-    total = x[0]
-    total += y[0]
-    return total, x[1] + y[1]
+    return x[0] + y[0], x[1] + y[1]  # new array: a retried task must not see a mutated input
 
 
 def tile_write(spec: TaskSpec, tile: Tile, product: Any, started: float | None = None) -> TileStats:
@@ -90,12 +93,22 @@ def tile_product_write(
 
 
 def _prefetched(
-    a: Any, b: Any, tile: Tile, panels: tuple[tuple[int, int], ...], dtype: str
-) -> Iterator[Panel]:
-    """Yield the panels in order, reading panel i+1 in a thread while panel i is used."""
+    spec: TaskSpec, a: Any, b: Any, tile: Tile, panels: tuple[tuple[int, int], ...]
+) -> Iterator[tuple[NDArray[Any], NDArray[Any], int]]:
+    """Yield (A panel, B panel, bytes decoded here) in K order, reading panel i+1 in a thread
+    while panel i is used; panels another task of this worker decoded are reused."""
 
-    def read(k: tuple[int, int]) -> Panel:
-        return io.read_block(a, tile.rows, k, dtype), io.read_block(b, k, tile.cols, dtype)
+    def one(array: Any, url: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
+        key = (spec.run_id, url, rows, cols, spec.compute_dtype)
+        block, mine = CACHE.get(key, lambda: io.read_block(array, rows, cols, spec.compute_dtype))
+        return block, _stored_bytes(array, block) if mine else 0
+
+    def read(k: tuple[int, int]) -> tuple[NDArray[Any], NDArray[Any], int]:
+        (pa, na), (pb, nb) = (
+            one(a, spec.store.a_url, tile.rows, k),
+            one(b, spec.store.b_url, k, tile.cols),
+        )
+        return pa, pb, na + nb
 
     if not panels:
         return

@@ -1,0 +1,83 @@
+"""Decoded input panels shared by the tasks of one worker process.
+
+Concurrent tiles of one tile column need the same B panels (of one tile row, the same A panels),
+and they walk K in the same order: the first task to ask decodes a panel, the others wait for it
+and reuse it. Decoding is ~10 % of the BLAS time on 2 cores, so decoding once matters.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future
+from typing import Any
+
+from numpy.typing import NDArray
+
+
+class PanelCache:
+    """A byte-bounded LRU of decoded panels; a panel being decoded is waited for, not re-read."""
+
+    def __init__(self, budget_bytes: int = 0) -> None:
+        self.budget_bytes = budget_bytes
+        self.run_id = ""
+        self._lock = threading.Lock()
+        self._entries: OrderedDict[Hashable, Future[NDArray[Any]]] = OrderedDict()
+        self._bytes = 0
+
+    def get(self, key: Hashable, load: Callable[[], NDArray[Any]]) -> tuple[NDArray[Any], bool]:
+        """(panel, decoded_here): decoded_here is False when another task's decode was reused."""
+        with self._lock:
+            if self.budget_bytes <= 0:
+                entry, mine = None, True
+            elif key in self._entries:
+                entry, mine = self._entries[key], False
+                self._entries.move_to_end(key)
+            else:
+                entry, mine = Future(), True
+                self._entries[key] = entry
+        if entry is None:  # caching is off
+            return load(), True
+        if not mine:
+            return entry.result(), False
+        try:
+            panel = load()
+        except BaseException as e:
+            with self._lock:
+                self._entries.pop(key, None)
+            entry.set_exception(e)
+            raise
+        entry.set_result(panel)
+        with self._lock:
+            self._bytes += panel.nbytes
+            self._evict()
+        return panel, True
+
+    def _evict(self) -> None:
+        """Drop least recently used finished panels until under budget (never the newest)."""
+        for key in list(self._entries)[:-1]:
+            if self._bytes <= self.budget_bytes:
+                return
+            entry = self._entries[key]
+            if entry.done() and entry.exception() is None:
+                self._bytes -= entry.result().nbytes
+                del self._entries[key]
+
+    def use(self, run_id: str, budget_bytes: int) -> None:
+        """Switch to a job: a new job's first task drops the panels of the previous one."""
+        with self._lock:
+            if run_id != self.run_id:
+                self._entries.clear()
+                self._bytes = 0
+                self.run_id = run_id
+            self.budget_bytes = budget_bytes
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+
+
+CACHE = PanelCache()
+"""The worker process's cache; each task sets its job and budget (``use``)."""
