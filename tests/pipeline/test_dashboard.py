@@ -1,0 +1,96 @@
+"""The Dask dashboard answers over HTTP while a `multiply` job runs, and shows our task prefixes."""
+
+from __future__ import annotations
+
+import html
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+from dask.utils import key_split
+
+from tests.conftest import write_array
+
+ROOT = Path(__file__).resolve().parents[2]
+DEADLINE_S = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, str]:
+    """(HTTP status, body); status 0 when nothing answers yet."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return int(response.status), response.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as e:
+        return e.code, ""
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return 0, ""
+
+
+def task_prefixes(base: str) -> set[str]:
+    """Prefixes (as the task stream and progress bars group them) of the tasks the scheduler
+    lists on its workers' pages: processing and in memory."""
+    _, workers = get(f"{base}/info/main/workers.html")
+    prefixes: set[str] = set()
+    for link in sorted(set(re.findall(r'href="\.\./worker/([^"]+)\.html"', workers))):
+        _, page = get(f"{base}/info/worker/{link}.html")
+        keys = re.findall(r'href="\.\./task/[^"]+\.html">([^<]+)</a>', page)
+        prefixes |= {key_split(html.unescape(k)) for k in keys}
+    return prefixes
+
+
+def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
+    # Integer products go through numpy's loops, not BLAS: ~20 s of work here from 8 MiB
+    # inputs, on one thread. The job is stopped as soon as the dashboard has been seen.
+    rng = np.random.default_rng(0)
+    a = rng.integers(-5, 5, (2048, 1024), dtype=np.int32)
+    b = rng.integers(-5, 5, (1024, 2048), dtype=np.int32)
+    a_url = write_array(tmp_path / "a.zarr", a, (512, 512))
+    b_url = write_array(tmp_path / "b.zarr", b, (512, 512))
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    options = f"--dashboard-address 127.0.0.1:{port} --threads-per-worker 1 --no-progress"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "pipeline", "multiply", a_url, b_url, str(tmp_path / "c.zarr")]
+        + options.split(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    status, running = 0, False
+    prefixes: set[str] = set()
+    try:
+        deadline = time.monotonic() + DEADLINE_S
+        while job.poll() is None and time.monotonic() < deadline:
+            status = status if status == 200 else get(f"{base}/status")[0]
+            if status == 200:
+                prefixes |= task_prefixes(base)
+                if "matmul-tile" in prefixes:
+                    break
+            time.sleep(0.1)
+        running = job.poll() is None
+    finally:
+        job.send_signal(signal.SIGTERM)
+        try:
+            _, stderr = job.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            _, stderr = job.communicate()
+    assert running, f"the job ended before the dashboard showed its tasks:\n{stderr}"
+    assert status == 200, f"{base}/status never answered 200:\n{stderr}"
+    assert "matmul-tile" in prefixes, f"task prefixes seen: {sorted(prefixes)}"
+    assert f"dashboard: {base}/status" in stderr
