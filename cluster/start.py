@@ -6,7 +6,6 @@ import contextlib
 import logging
 import os
 from collections.abc import Iterator
-from typing import Any
 
 from distributed import Client
 
@@ -46,7 +45,7 @@ def start(spec: ClusterSpec) -> Iterator[Client]:
         from distributed import LocalCluster
 
         cluster = LocalCluster(**options)
-    with cluster, Client(cluster) as client, _blas_threads(options):
+    with cluster, Client(cluster) as client:
         log.info(
             "started %s with %d worker(s); dashboard: %s",
             type(cluster).__name__,
@@ -63,15 +62,6 @@ def dashboard_link(client: Client, address: str) -> str:
     if port is None:
         return "(no dashboard: install bokeh>=3.1)"
     return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}/status"
-
-
-def _blas_threads(options: dict[str, Any]) -> Any:
-    """In-process workers: one BLAS thread per task thread (a nanny does this for processes)."""
-    if options.get("processes", True):
-        return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
-
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 @contextlib.contextmanager

@@ -17,8 +17,14 @@ class Accumulator(Protocol):
     def result(self) -> NDArray[Any]: ...
 
 
-def make_accumulator(backend: str, shape: tuple[int, int], dtype: str) -> Accumulator:
-    """A zeroed ``shape`` accumulator on the given backend ("cpu", "cuda" or "cublas")."""
+def make_accumulator(
+    backend: str, shape: tuple[int, int], dtype: str, block: tuple[int, int] | None = None
+) -> Accumulator:
+    """A zeroed ``shape`` accumulator on the given backend ("cpu", "cuda" or "cublas").
+
+    ``block``: the CPU backend's fixed gemm block (see kernels.cpu); the GPU kernels sum each
+    element in K order whatever the launch shape, so they don't need it.
+    """
     if backend == "cuda":
         from kernels.cuda_host import CudaAccumulator
 
@@ -29,7 +35,7 @@ def make_accumulator(backend: str, shape: tuple[int, int], dtype: str) -> Accumu
         return CublasAccumulator(shape, np.dtype(dtype))
     from kernels.cpu import CpuAccumulator
 
-    return CpuAccumulator(shape, dtype)
+    return CpuAccumulator(shape, dtype, block)
 
 
 def probe_devices(need_cuda: bool = False, need_cublas: bool = False) -> dict[str, bool]:

@@ -18,8 +18,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 ROW_MAJOR, NO_TRANS = 101, 111
-_SYMBOLS = {"float32": ("scipy_cblas_sgemm64_", ctypes.c_float),
-            "float64": ("scipy_cblas_dgemm64_", ctypes.c_double)}  # fmt: skip
+_SYMBOLS = {
+    "float32": ("scipy_cblas_sgemm64_", ctypes.c_float),
+    "float64": ("scipy_cblas_dgemm64_", ctypes.c_double),
+}
 
 
 @functools.cache
@@ -45,30 +47,89 @@ def cblas_gemm(dtype: str) -> Any:
     if fn is None:
         return None
     i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int, i64, i64, i64, scalar, ptr, i64,
-                   ptr, i64, scalar, ptr, i64]  # fmt: skip
+    fn.argtypes = [
+        ctypes.c_int,
+        ctypes.c_int,
+        ctypes.c_int,
+        i64,
+        i64,
+        i64,
+        scalar,
+        ptr,
+        i64,
+        ptr,
+        i64,
+        scalar,
+        ptr,
+        i64,
+    ]
     fn.restype = None
     return fn
 
 
-class CpuAccumulator:
-    """``acc += a @ b`` over K panels, in one C-ordered host buffer."""
+@functools.cache
+def single_threaded_blas() -> None:
+    """One BLAS thread per call, for good, in this process (a worker's tasks are its threads).
 
-    def __init__(self, shape: tuple[int, int], dtype: np.dtype[Any] | str) -> None:
+    OpenBLAS's rounding also depends on its thread count, so this is needed for bytes that do
+    not depend on the cluster; a nanny sets the same through OPENBLAS_NUM_THREADS, but an
+    in-process worker (LocalCluster(processes=False)) shares the caller's BLAS.
+    """
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1, user_api="blas")
+
+
+class CpuAccumulator:
+    """``acc += a @ b`` over K panels, in one C-ordered host buffer.
+
+    Each gemm call computes one ``block`` of the accumulator: OpenBLAS's rounding depends on the
+    call's M and N, so fixed blocks (aligned to the output, whatever the tile) make the bytes
+    independent of the tiling and so of the cluster.
+    """
+
+    def __init__(
+        self,
+        shape: tuple[int, int],
+        dtype: np.dtype[Any] | str,
+        block: tuple[int, int] | None = None,
+    ) -> None:
         self.acc = np.zeros(shape, dtype=dtype)
+        self.block = (
+            (max(block[0], 1), max(block[1], 1)) if block else (max(shape[0], 1), max(shape[1], 1))
+        )
         self._gemm = cblas_gemm(self.acc.dtype.name)
+        single_threaded_blas()
 
     def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
         if a.shape[1] == 0 or self.acc.size == 0:
             return
         a = np.ascontiguousarray(a, dtype=self.acc.dtype)
         b = np.ascontiguousarray(b, dtype=self.acc.dtype)
-        if self._gemm is None:
-            self.acc += a @ b  # integers, complex, bool, or no OpenBLAS found
-            return
         (m, k), n = a.shape, b.shape[1]
-        self._gemm(ROW_MAJOR, NO_TRANS, NO_TRANS, m, n, k, 1.0, a.ctypes.data, k,
-                   b.ctypes.data, n, 1.0, self.acc.ctypes.data, n)  # fmt: skip
+        (bm, bn), item = self.block, self.acc.itemsize
+        for i in range(0, m, bm):
+            for j in range(0, n, bn):
+                rows, cols = min(bm, m - i), min(bn, n - j)
+                if self._gemm is None:  # integers, complex, bool, or no OpenBLAS found
+                    self.acc[i : i + rows, j : j + cols] += a[i : i + rows] @ b[:, j : j + cols]
+                    continue
+                self._gemm(
+                    ROW_MAJOR,
+                    NO_TRANS,
+                    NO_TRANS,
+                    rows,
+                    cols,
+                    k,
+                    1.0,
+                    a.ctypes.data + i * k * item,
+                    k,
+                    b.ctypes.data + j * item,
+                    n,
+                    1.0,
+                    self.acc.ctypes.data + (i * n + j) * item,
+                    n,
+                )
 
     def result(self) -> NDArray[Any]:
         return self.acc

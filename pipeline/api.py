@@ -22,7 +22,7 @@ from pipeline import io
 from pipeline.errors import UsageError
 from pipeline.execute import collect, describe_workers, resolve_backend, submit_plan
 from pipeline.lock import check_lock, hold_lock
-from pipeline.plan import MatmulPlan, parse_size, plan_matmul
+from pipeline.plan import MIN_GEMM_BLOCK, MatmulPlan, parse_size, plan_matmul
 from pipeline.spec import ArraySpec, StoreSpec
 from pipeline.tasks import TaskSpec
 
@@ -84,8 +84,8 @@ def multiply(
         io.refuse_existing(out, overwrite, resume)
         check_lock(out, options)
     with _client(client, cluster, budget) as c, _report(report):
-        plan = _plan(a_spec, b_spec, budget, cluster, describe_workers(c), forced)
         chosen = resolve_backend(c, backend, plan.compute_dtype)
+        plan = _plan(a_spec, b_spec, budget, cluster, describe_workers(c), forced, chosen)
         store = StoreSpec(a, b, out, options)
         fp = fingerprint(plan, _metadata_digest(arrays))
         spec = TaskSpec(
@@ -94,8 +94,9 @@ def multiply(
             plan.compute_dtype,
             plan.out.dtype,
             fp,
-            plan.cache_bytes,
-            uuid.uuid4().hex,
+            cache_bytes=plan.cache_bytes,
+            block_shape=plan.block_shape,
+            run_id=uuid.uuid4().hex,
         )
         skip = _prepare_output(store, plan, fp, state, resume)
         with hold_lock(out, options):
@@ -151,6 +152,7 @@ def _plan(
     cluster: ClusterSpec | None,
     live: dict[str, Any] | None,
     tile_shape: tuple[int, ...] | None,
+    backend: str = "cpu",
 ) -> MatmulPlan:
     """Plan for the live workers when known, else for the cluster the spec will start."""
     total = psutil.virtual_memory().total
@@ -166,6 +168,8 @@ def _plan(
         a,
         b,
         cache_fraction=float(dask.config.get("tilegemm.cache-fraction", 0.5)),
+        # Our CUDA kernels sum each element in K order whatever the launch: no fixed blocks.
+        min_block=1 if backend == "cuda" else MIN_GEMM_BLOCK,
         workers=workers,
         threads_per_worker=threads,
         memory_limit_bytes=limit,

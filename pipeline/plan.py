@@ -16,6 +16,13 @@ from pipeline.spec import ArraySpec, Tile
 
 WORKER_OVERHEAD_BYTES = 256 * 2**20
 """Interpreter, dask and zarr state of one worker process, kept out of the task budget."""
+MIN_GEMM_BLOCK = 256
+"""BLAS is called on fixed output blocks (whole chunks, at least this many rows and columns),
+whatever the tile: OpenBLAS's result depends on the call's M and N, so fixed blocks give the
+same bytes on any cluster. Tiles are whole blocks."""
+MIN_TASKS = 8
+"""K is split when the output has fewer blocks than this (a property of the problem, not of the
+cluster, so the summation tree is the same on any cluster)."""
 MIN_PANEL_WIDTH = 512
 """Narrower K panels waste BLAS calls and storage requests, so adjacent chunks are merged."""
 FLOPS_PER_THREAD = 50e9
@@ -47,6 +54,8 @@ class MatmulPlan:
     threads_per_worker: int
     memory_limit_bytes: int
     """Budget of one worker process, in bytes."""
+    block_shape: tuple[int, int]
+    """Rows and columns of the fixed output blocks each gemm call computes (whole chunks)."""
     task_bytes: int
     """Projected peak host memory of one task, in bytes."""
     worker_bytes: int
@@ -174,11 +183,14 @@ def plan_matmul(
     panel_width: int | None = None,
     tile_shape: tuple[int, int] | None = None,
     cache_fraction: float = 0.5,
+    min_block: int = MIN_GEMM_BLOCK,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
     ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with);
-    ``cache_fraction`` of the spare memory holds decoded panels for reuse (0 turns it off).
+    ``cache_fraction`` of the spare memory holds decoded panels for reuse (0 turns it off);
+    ``min_block`` is the smallest gemm block (1 for kernels whose rounding ignores the launch
+    shape, like ours on the GPU).
     """
     _check_operands(a, b)
     if workers < 1 or threads_per_worker < 1:
@@ -193,9 +205,13 @@ def plan_matmul(
     panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
     best: tuple[tuple[float, int], MatmulPlan] | None = None
     smallest: MatmulPlan | None = None
-    candidates = [tile_shape] if tile_shape else _tile_candidates(out)
+    block = gemm_block(out, min_block)
+    split = _split_k(out, block, len(panels))
+    candidates = [tile_shape] if tile_shape else _tile_candidates(out, block)
     for shape in candidates:
-        plan = _candidate(a, b, out, compute_dtype, shape, panels, workers, threads_per_worker)
+        plan = _candidate(
+            a, b, out, compute_dtype, shape, panels, (workers, threads_per_worker), block, split
+        )
         plan = _with_budget(plan, memory_limit_bytes, cache_fraction)
         if smallest is None or plan.worker_bytes < smallest.worker_bytes:
             smallest = plan
@@ -225,12 +241,20 @@ def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
         )
 
 
-def _tile_candidates(out: ArraySpec) -> Iterator[tuple[int, int]]:
-    """Tile shapes made of whole output chunks, one per distinct tile count along each axis."""
+def gemm_block(out: ArraySpec, min_block: int = MIN_GEMM_BLOCK) -> tuple[int, int]:
+    """Whole output chunks, at least ``min_block`` (or the whole axis) along each axis."""
     (m, n), (cm, cn) = out.shape, out.chunks
-    for rows in _distinct_multiples(_ceil_div(m, cm)):
-        for cols in _distinct_multiples(_ceil_div(n, cn)):
-            yield (max(min(rows * cm, m), 1), max(min(cols * cn, n), 1))
+    rows = min(cm * _ceil_div(min_block, cm), max(m, 1))
+    cols = min(cn * _ceil_div(min_block, cn), max(n, 1))
+    return (max(rows, 1), max(cols, 1))
+
+
+def _tile_candidates(out: ArraySpec, block: tuple[int, int]) -> Iterator[tuple[int, int]]:
+    """Tile shapes made of whole blocks, one per distinct tile count along each axis."""
+    (m, n), (bm, bn) = out.shape, block
+    for rows in _distinct_multiples(_ceil_div(m, bm)):
+        for cols in _distinct_multiples(_ceil_div(n, bn)):
+            yield (max(min(rows * bm, m), 1), max(min(cols * bn, n), 1))
 
 
 def _distinct_multiples(count: int) -> list[int]:
@@ -240,6 +264,15 @@ def _distinct_multiples(count: int) -> list[int]:
     return sorted({_ceil_div(count, q) for q in range(1, count + 1)})
 
 
+def _split_k(out: ArraySpec, block: tuple[int, int], panels: int) -> int:
+    """K groups per tile: more only when the output has fewer than MIN_TASKS blocks."""
+    (m, n), (bm, bn) = out.shape, block
+    blocks = _ceil_div(m, bm) * _ceil_div(n, bn)
+    if blocks == 0 or blocks >= MIN_TASKS:
+        return 1
+    return max(min(panels, _ceil_div(MIN_TASKS, blocks)), 1)
+
+
 def _candidate(
     a: ArraySpec,
     b: ArraySpec,
@@ -247,13 +280,10 @@ def _candidate(
     compute_dtype: str,
     tile_shape: tuple[int, int],
     panels: tuple[tuple[int, int], ...],
-    workers: int,
-    threads: int,
+    cluster: tuple[int, int],
+    block: tuple[int, int],
+    split: int,
 ) -> MatmulPlan:
-    (m, n), (tm, tn) = out.shape, tile_shape
-    n_tiles = _ceil_div(m, tm) * _ceil_div(n, tn)
-    slots = workers * threads
-    split = min(len(panels), _ceil_div(slots, n_tiles)) if 0 < n_tiles < slots else 1
     return MatmulPlan(
         a=a,
         b=b,
@@ -261,10 +291,11 @@ def _candidate(
         compute_dtype=compute_dtype,
         tile_shape=tile_shape,
         k_panels=panels,
-        split_k=max(split, 1),
-        workers=workers,
-        threads_per_worker=threads,
+        split_k=split,
+        workers=cluster[0],
+        threads_per_worker=cluster[1],
         memory_limit_bytes=0,
+        block_shape=block,
         task_bytes=0,
         worker_bytes=0,
         device_bytes=0,

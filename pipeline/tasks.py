@@ -32,6 +32,8 @@ class TaskSpec:
     """The plan's fingerprint, written into journal entries."""
     cache_bytes: int = 0
     """Budget of the worker's shared cache of decoded panels, in bytes (0: off)."""
+    block_shape: tuple[int, int] | None = None
+    """The plan's fixed gemm block (same bytes on any cluster)."""
     run_id: str = ""
     """Unique per job: cached panels never outlive the job that decoded them (inputs may be
     rewritten in place between jobs on a long-lived cluster)."""
@@ -53,7 +55,7 @@ def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
     """
     a = io.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
     b = io.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
-    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype)
+    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
     CACHE.use(spec.run_id, spec.cache_bytes)
     bytes_read = 0
     for a_panel, b_panel, decoded in _prefetched(spec, a, b, tile, panels):

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zarr
-from distributed import Client
+from distributed import Client, LocalCluster
 
 from pipeline import multiply
 from tests.conftest import assert_product, random_matrix, write_array
@@ -126,14 +127,27 @@ def test_split_k_is_summed(tmp_path: Path, client: Client) -> None:
     assert_product(zarr.open_array(out)[:], a, b)
 
 
-def test_overwrite_and_resume(tmp_path: Path, client: Client) -> None:
+@pytest.fixture(scope="module")
+def four_threads() -> Iterator[Client]:
+    """In-process, 4 threads: plans of at least 4 tiles."""
+    with (
+        LocalCluster(
+            n_workers=1, threads_per_worker=4, processes=False, dashboard_address=":0"
+        ) as cluster,
+        Client(cluster) as c,
+    ):
+        yield c
+
+
+def test_overwrite_and_resume(tmp_path: Path, four_threads: Client) -> None:
+    client = four_threads
     rng = np.random.default_rng(5)
-    a, b = random_matrix(rng, (60, 50), "float32"), random_matrix(rng, (50, 70), "float32")
-    a_url = write_array(tmp_path / "a.zarr", a, (10, 25))
-    b_url = write_array(tmp_path / "b.zarr", b, (25, 10))
+    a, b = random_matrix(rng, (1100, 50), "float32"), random_matrix(rng, (50, 1000), "float32")
+    a_url = write_array(tmp_path / "a.zarr", a, (256, 25))
+    b_url = write_array(tmp_path / "b.zarr", b, (25, 250))
     out = tmp_path / "c.zarr"
     first = multiply(a_url, b_url, str(out), client=client)
-    assert first.tiles_computed >= 2
+    assert first.tiles_computed >= 4
     # Lose one tile's journal entry and damage another tile's data: both are redone.
     journal = sorted((out / "journal").iterdir())
     journal[0].unlink()

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
 from pipeline.plan import (
+    MIN_TASKS,
     WORKER_OVERHEAD_BYTES,
+    gemm_block,
     parse_size,
     plan_k_panels,
     plan_matmul,
@@ -121,19 +123,35 @@ def test_tiles_cover_threads(
     assert plan.split_k == 1
 
 
-def test_split_k_when_fewer_tiles_than_threads() -> None:
-    # One output chunk but a long K: split K over the 4 threads.
+@pytest.mark.parametrize(("workers", "threads"), [(1, 1), (2, 2), (3, 1), (8, 4)])
+def test_split_k_depends_on_the_problem_only(workers: int, threads: int) -> None:
+    # One output block but a long K: K is split into MIN_TASKS groups on any cluster, so the
+    # summation tree (and the output's bytes) never depends on the cluster.
     plan = plan_matmul(
         spec((256, 65536), (256, 4096)),
         spec((65536, 256), (4096, 256)),
-        workers=2,
-        threads_per_worker=2,
+        workers=workers,
+        threads_per_worker=threads,
         memory_limit_bytes=4 * GiB,
     )
     assert plan.n_tiles == 1
-    assert plan.split_k == 4
+    assert plan.split_k == MIN_TASKS
     groups = plan.k_groups()
     assert [p for g in groups for p in g] == list(plan.k_panels)
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "chunks", "block"),
+    [
+        (1000, 1000, (100, 300), (300, 300)),  # small chunks merged to >= 256
+        (1000, 1000, (512, 512), (512, 512)),  # big chunks kept
+        (100, 2000, (30, 2000), (100, 2000)),  # capped at the axis
+    ],
+)
+def test_gemm_block_is_whole_chunks(
+    m: int, n: int, chunks: tuple[int, int], block: tuple[int, int]
+) -> None:
+    assert gemm_block(ArraySpec((m, n), chunks, "float32")) == block
 
 
 def test_bigger_budget_reads_less() -> None:
