@@ -57,13 +57,19 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     rnd = sub.add_parser("random", help="write a random matrix as a Zarr v3 array")
-    rnd.add_argument("out", metavar="OUT")
+    rnd.add_argument("out", metavar="OUT", help="where to write the array (Zarr v3)")
     rnd.add_argument("--shape", required=True, type=_pair, help="MxN, e.g. 4096x4096")
     rnd.add_argument("--chunks", required=True, type=_pair, help="RxC, e.g. 1024x1024")
     rnd.add_argument("--dtype", default="float32", help="numpy dtype (default float32)")
-    rnd.add_argument("--seed", type=int, default=0)
+    rnd.add_argument("--seed", type=int, default=0, help="seed (same seed, same array)")
     rnd.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    rnd.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    rnd.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs (repeatable)",
+    )
     return parser
 
 
@@ -72,7 +78,12 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=_positive_int, help="local worker processes")
     p.add_argument("--threads-per-worker", type=_positive_int, help="threads per local worker")
     p.add_argument("--memory-limit", type=_size, metavar="SIZE", help="per worker, e.g. 8GiB")
-    p.add_argument("--dashboard-address", default="127.0.0.1:8787", metavar="HOST:PORT")
+    p.add_argument(
+        "--dashboard-address",
+        default="127.0.0.1:8787",
+        metavar="HOST:PORT",
+        help="where the Dask dashboard listens (default 127.0.0.1:8787)",
+    )
     p.add_argument(
         "--storage-option",
         action="append",
@@ -191,6 +202,9 @@ def parse_storage_options(items: list[str]) -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise UsageError(f"--storage-option {item!r} is not KEY=VALUE, e.g. anon=true")
+        if key == "region":  # s3fs takes the region inside client_kwargs
+            out.setdefault("client_kwargs", {})["region_name"] = value
+            continue
         out[key] = _scalar(value)
     return out
 

@@ -110,3 +110,17 @@ def test_random_is_reproducible(tmp_path: Path) -> None:
     assert x.dtype == np.float64 and x.shape == (50, 30)
     np.testing.assert_array_equal(x, y)
     assert np.abs(x).max() <= 1 and x.std() > 0.3
+
+
+def test_storage_options_are_parsed() -> None:
+    from pipeline.cli import parse_storage_options
+
+    got = parse_storage_options(
+        ["anon=true", "endpoint_url=http://127.0.0.1:9000", "region=x", "max_concurrency=4"]
+    )
+    assert got == {
+        "anon": True,
+        "endpoint_url": "http://127.0.0.1:9000",
+        "client_kwargs": {"region_name": "x"},
+        "max_concurrency": 4,
+    }
