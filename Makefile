@@ -28,14 +28,18 @@ test-slow: venv
 	$(PY) -m pytest -m slow
 
 lint: venv
-	$(PY) -m ruff check pipeline kernels cluster tests benchmarks
-	$(PY) -m ruff format --check pipeline kernels cluster tests benchmarks
+	$(PY) -m ruff check pipeline kernels cluster tests benchmarks docs
+	$(PY) -m ruff format --check pipeline kernels cluster tests benchmarks docs
 	$(PY) -m mypy
 
 check: lint test
 
+# CPU peers on the same Zarr data (float32 and float64); several minutes on 2 cores.
+BENCH_SIZES ?= 4096,8192,12288
 bench: venv
-	$(PY) -m benchmarks.cpu_peers
+	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[bench]'
+	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES) --dtype float32 --repeats 3
+	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES) --dtype float64 --repeats 3
 
 clean:
 	rm -rf $(VENV) $(DEMO)
