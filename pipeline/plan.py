@@ -23,6 +23,8 @@ same bytes on any cluster. Tiles are whole blocks."""
 MIN_TASKS = 8
 """K is split when the output has fewer blocks than this (a property of the problem, not of the
 cluster, so the summation tree is the same on any cluster)."""
+ZARR_CONCURRENCY = 10
+"""zarr's default async.concurrency: chunks decoded or encoded at once by one read or write."""
 MIN_PANEL_WIDTH = 512
 """Narrower K panels waste BLAS calls and storage requests, so adjacent chunks are merged."""
 FLOPS_PER_THREAD = 50e9
@@ -332,8 +334,9 @@ def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
     """Projected peak host and device bytes of one tile task.
 
     Host: the accumulator, the output cast, and two panels of A and B (the one in use and the
-    one being prefetched), each possibly held in both the stored and the compute dtype, plus one
-    decoded chunk of each input (zarr decodes whole chunks before slicing).
+    one being prefetched), each possibly held in both the stored and the compute dtype; plus
+    zarr's chunk buffers: up to ZARR_CONCURRENCY decoded chunks per panel read, and an encoded
+    copy and a compressed copy per chunk written.
     """
     tm, tn = plan.tile_shape
     width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
@@ -341,10 +344,14 @@ def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
     c_item, o_item = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
     a_panel = tm * width * (a_item + (c_item if plan.a.dtype != plan.compute_dtype else 0))
     b_panel = width * tn * (b_item + (c_item if plan.b.dtype != plan.compute_dtype else 0))
-    chunks = math.prod(plan.a.chunks) * a_item + math.prod(plan.b.chunks) * b_item
+    reads = (
+        min(tm * width, ZARR_CONCURRENCY * math.prod(plan.a.chunks)) * a_item
+        + min(width * tn, ZARR_CONCURRENCY * math.prod(plan.b.chunks)) * b_item
+    )
+    writes = 2 * min(tm * tn, ZARR_CONCURRENCY * math.prod(plan.out.chunks)) * o_item
     acc = tm * tn * c_item
-    reduce = 3 * acc if plan.split_k > 1 else 0
-    host = max(acc + tm * tn * o_item + 2 * (a_panel + b_panel) + chunks, reduce)
+    reduce = 3 * acc + writes if plan.split_k > 1 else 0
+    host = max(acc + tm * tn * o_item + 2 * (a_panel + b_panel) + reads + writes, reduce)
     device = acc + (tm * width + width * tn) * c_item
     return host, device
 

@@ -1,0 +1,59 @@
+"""Cubed's check: a task's measured peak memory stays within the planner's projection."""
+
+from __future__ import annotations
+
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline import io, tasks
+from pipeline.api import fingerprint
+from pipeline.plan import plan_matmul
+from pipeline.spec import StoreSpec
+from tests.conftest import random_matrix, write_array
+
+
+@pytest.mark.parametrize(
+    ("a_dtype", "b_dtype", "shape", "chunks"),
+    [
+        ("float32", "float32", (1024, 1536, 768), (256, 512)),  # several K panels
+        ("float32", "float64", (700, 900, 500), (128, 300)),  # cast panels to float64
+        ("float64", "float64", (300, 4000, 300), (300, 700)),  # split K
+    ],
+)
+def test_task_peak_within_projection(
+    tmp_path: Path, a_dtype: str, b_dtype: str, shape: tuple[int, int, int], chunks: tuple
+) -> None:
+    m, k, n = shape
+    rng = np.random.default_rng(0)
+    a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (m, k), a_dtype), chunks)
+    b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (k, n), b_dtype), chunks[::-1])
+    a, b = io.array_spec(io.open_input(a_url), "A"), io.array_spec(io.open_input(b_url), "B")
+    plan = plan_matmul(
+        a, b, workers=1, threads_per_worker=2, memory_limit_bytes=2**31, cache_fraction=0
+    )
+    out = str(tmp_path / "c.zarr")
+    io.create_output(out, plan.out.shape, plan.out.chunks, plan.out.dtype, {})
+    spec = tasks.TaskSpec(
+        StoreSpec(a_url, b_url, out),
+        "cpu",
+        plan.compute_dtype,
+        plan.out.dtype,
+        fingerprint(plan),
+        block_shape=plan.block_shape,
+    )
+    tile = max(plan.tiles(), key=lambda t: t.shape[0] * t.shape[1])
+    group = plan.k_groups()[0]
+    tracemalloc.start()
+    try:
+        if plan.split_k == 1:
+            tasks.tile_product_write(spec, tile, group)
+        else:
+            tasks.tile_product(spec, tile, group)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= plan.task_bytes, f"peak {peak} > projected {plan.task_bytes}"
+    assert peak >= plan.task_bytes // 4, f"projection {plan.task_bytes} is far above {peak}"
