@@ -79,6 +79,9 @@ def multiply(
     # Refuse a plan that cannot fit before starting anything.
     plan = _plan(a_spec, b_spec, budget, cluster, None, forced)
     if dry_run:
+        if client is not None or (cluster is not None and cluster.scheduler):
+            with _client(client, cluster, budget) as c:  # plan for the cluster at hand
+                plan = _plan(a_spec, b_spec, budget, cluster, describe_workers(c), forced)
         return MultiplyResult(plan.out.shape, plan.out.dtype, 0.0, 0, 0, 0, "none", plan)
     if state is not None:
         io.refuse_existing(out, overwrite, resume)

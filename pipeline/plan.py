@@ -129,6 +129,11 @@ class MatmulPlan:
         bound = int(2 * m * n * k / math.sqrt(s)) * item
         return max(bound, self.compulsory_read_bytes)
 
+    @property
+    def estimated_seconds(self) -> float:
+        """The planner's makespan model on this plan's workers (CPU rates; a rough guide)."""
+        return _estimated_seconds(self)
+
     def tiles(self) -> Iterator[Tile]:
         """Tiles column by column: concurrent tiles then share B panels (see read_bytes)."""
         (m, n), (tm, tn) = self.out.shape, self.tile_shape
@@ -364,7 +369,8 @@ def _estimated_seconds(plan: MatmulPlan) -> float:
     task_flops = 2 * tm * tn * k / plan.split_k
     task_read = plan.read_bytes / max(plan.n_tasks, 1)
     rounds = _ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
-    task = task_flops / FLOPS_PER_THREAD + task_read / DECODE_BYTES_PER_THREAD
+    rate = FLOPS_PER_THREAD * 4 / max(np.dtype(plan.compute_dtype).itemsize, 4)
+    task = task_flops / rate + task_read / DECODE_BYTES_PER_THREAD
     product = rounds * (task + TASK_OVERHEAD_SECONDS)
     acc = tm * tn * np.dtype(plan.compute_dtype).itemsize
     levels = math.ceil(math.log2(plan.split_k)) if plan.split_k > 1 else 0

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.plan import MatmulPlan, format_bytes
+from pipeline.plan import (
+    DECODE_BYTES_PER_THREAD,
+    FLOPS_PER_THREAD,
+    MatmulPlan,
+    format_bytes,
+)
 
 if TYPE_CHECKING:
     from pipeline.api import MultiplyResult
@@ -42,6 +47,12 @@ def format_plan(plan: MatmulPlan) -> str:
         ),
         ("memory per worker", format_bytes(plan.worker_bytes)),
         ("flops", f"{plan.flops:.3e}"),
+        (
+            "estimated time",
+            f"{plan.estimated_seconds:.1f} s on this cluster (CPU model: "
+            f"{FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s and "
+            f"{DECODE_BYTES_PER_THREAD / 1e9:.1f} GB/s decode per thread)",
+        ),
         (
             "planned reads",
             f"{format_bytes(plan.read_bytes)} = "
