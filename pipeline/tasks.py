@@ -105,22 +105,27 @@ def _prefetched(
         block, mine = CACHE.get(key, lambda: io.read_block(array, rows, cols, spec.compute_dtype))
         return block, _stored_bytes(array, block) if mine else 0
 
-    def read(k: tuple[int, int]) -> tuple[NDArray[Any], NDArray[Any], int]:
-        (pa, na), (pb, nb) = (
-            one(a, spec.store.a_url, tile.rows, k),
-            one(b, spec.store.b_url, k, tile.cols),
-        )
-        return pa, pb, na + nb
-
     if not panels:
         return
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="panel-read") as pool:
-        pending = pool.submit(read, panels[0])
+    # A and B panels are read side by side (two threads), one K step ahead of the product.
+    with ThreadPoolExecutor(max_workers=2, thread_name_prefix="panel-read") as pool:
+
+        def start(k: tuple[int, int]) -> tuple[Any, Any]:
+            return (
+                pool.submit(one, a, spec.store.a_url, tile.rows, k),
+                pool.submit(one, b, spec.store.b_url, k, tile.cols),
+            )
+
+        def finish(pending: tuple[Any, Any]) -> tuple[NDArray[Any], NDArray[Any], int]:
+            (pa, na), (pb, nb) = pending[0].result(), pending[1].result()
+            return pa, pb, na + nb
+
+        pending = start(panels[0])
         for nxt in panels[1:]:
-            current = pending.result()
-            pending = pool.submit(read, nxt)
+            current = finish(pending)
+            pending = start(nxt)
             yield current
-        yield pending.result()
+        yield finish(pending)
 
 
 def _stored_bytes(array: Any, block: NDArray[Any]) -> int:
