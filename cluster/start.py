@@ -42,9 +42,19 @@ def start(spec: ClusterSpec) -> Iterator[Client]:
 
         cluster = LocalCUDACluster(**options)
     else:
+        import dask
         from distributed import LocalCluster
 
-        cluster = LocalCluster(**options)
+        # The plan keeps memory within the limit; distributed's pause (at 80 % of the limit,
+        # measured on the whole process, scheduler and client included) would only stall it.
+        with dask.config.set(
+            {
+                "distributed.worker.memory.pause": False,
+                "distributed.worker.memory.spill": False,
+                "distributed.worker.memory.target": False,
+            }
+        ):
+            cluster = LocalCluster(**options)
     with cluster, Client(cluster) as client:
         log.info(
             "started %s with %d worker(s); dashboard: %s",
