@@ -338,7 +338,7 @@ def _with_budget(plan: MatmulPlan, memory_limit_bytes: int, cache_fraction: floa
 def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
     """Projected peak host and device bytes of one tile task.
 
-    Host: the accumulator, the output cast, and two panels of A and B (the one in use and the
+    Host: the accumulator, its cast to the output dtype (if it differs), and two panels of A and B (the one in use and the
     one being prefetched), each possibly held in both the stored and the compute dtype; plus
     zarr's chunk buffers: up to ZARR_CONCURRENCY decoded chunks per panel read, and an encoded
     copy and a compressed copy per chunk written.
@@ -356,7 +356,8 @@ def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
     writes = 2 * min(tm * tn, ZARR_CONCURRENCY * math.prod(plan.out.chunks)) * o_item
     acc = tm * tn * c_item
     reduce = 3 * acc + writes if plan.split_k > 1 else 0
-    host = max(acc + tm * tn * o_item + 2 * (a_panel + b_panel) + reads + writes, reduce)
+    cast = tm * tn * o_item if plan.out.dtype != plan.compute_dtype else 0
+    host = max(acc + cast + 2 * (a_panel + b_panel) + reads + writes, reduce)
     device = acc + (tm * width + width * tn) * c_item
     return host, device
 
