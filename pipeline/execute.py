@@ -14,7 +14,7 @@ from distributed import Client, Future, wait
 
 from kernels import CUDA_DTYPES, probe_devices
 from pipeline import tasks
-from pipeline.errors import BackendUnavailableError, JobError
+from pipeline.errors import BackendUnavailableError, JobError, PipelineError
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
 from pipeline.spec import Tile
@@ -132,7 +132,9 @@ def collect(
 ) -> RunStats:
     """Wait for the tiles, drawing the progress line; on the first failure cancel the rest."""
     flops = {t.index: 2 * t.shape[0] * t.shape[1] * plan.a.shape[1] for t in plan.tiles()}
-    line = ProgressLine(len(futures), sum(flops[i] for i in futures), progress)
+    todo = sum(flops[i] for i in futures)
+    estimate = plan.estimated_seconds * todo / max(plan.flops, 1)
+    line = ProgressLine(len(futures), todo, progress, estimate=estimate)
     pending, stats = set(futures.values()), []
     try:
         while pending:
@@ -160,8 +162,10 @@ def _wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[
     return set(done), set(rest)
 
 
-def _job_error(future: Future[Any], total: int) -> JobError:
+def _job_error(future: Future[Any], total: int) -> PipelineError:
     error = future.exception()
+    if isinstance(error, PipelineError):  # the task named the problem (e.g. a corrupt chunk)
+        return error
     return JobError(
         f"a tile task failed ({type(error).__name__}: {error}); the other tasks of {total} "
         "were cancelled; tiles already written are kept: rerun with --resume"

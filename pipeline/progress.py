@@ -1,7 +1,7 @@
 """One updating line on a terminal: tiles done, GFLOP/s, bytes read and an ETA.
 
 Every tile is the same GEMM (edge tiles smaller), so the ETA is remaining flops at the rate
-measured so far.
+measured so far; before the first tile finishes it is the planner's estimate minus the time spent.
 """
 
 from __future__ import annotations
@@ -14,8 +14,16 @@ from pipeline.plan import format_bytes
 
 
 class ProgressLine:
-    def __init__(self, tiles: int, flops: int, enabled: bool, stream: TextIO | None = None) -> None:
+    def __init__(
+        self,
+        tiles: int,
+        flops: int,
+        enabled: bool,
+        stream: TextIO | None = None,
+        estimate: float | None = None,
+    ) -> None:
         self.tiles, self.flops, self.enabled = tiles, max(flops, 1), enabled
+        self.estimate = estimate
         self.stream = stream or sys.stderr
         self.started = time.perf_counter()
         self.done_tiles = self.done_flops = self.bytes_read = 0
@@ -28,7 +36,12 @@ class ProgressLine:
     def text(self) -> str:
         elapsed = time.perf_counter() - self.started
         rate = self.done_flops / elapsed if elapsed > 0 else 0.0
-        eta = (self.flops - self.done_flops) / rate if rate > 0 else None
+        if rate > 0:
+            eta: float | None = (self.flops - self.done_flops) / rate
+        elif self.estimate is not None:
+            eta = max(self.estimate - elapsed, 0.0)
+        else:
+            eta = None
         return (
             f"tiles {self.done_tiles}/{self.tiles} | {rate / 1e9:.1f} GFLOP/s | "
             f"read {format_bytes(self.bytes_read)} | {_clock(elapsed)} elapsed | "
