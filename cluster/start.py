@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
 from collections.abc import Iterator
 
 from distributed import Client
@@ -37,6 +38,10 @@ def start(spec: ClusterSpec) -> Iterator[Client]:
             yield client
         return
     kind, options = local_cluster_options(spec, count_gpus(), os.cpu_count() or 1)
+    # A failed task reaches the user once, as the job's `error:` line; the workers' own
+    # "Compute Failed" log (with a traceback) shows only with --debug.
+    debug = log.isEnabledFor(logging.DEBUG)
+    options = {**options, "silence_logs": logging.WARNING if debug else logging.CRITICAL}
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
@@ -80,6 +85,13 @@ def connect(address: str) -> Iterator[Client]:
     from pipeline.errors import ClusterError
 
     try:
+        _resolve(address)
+    except (OSError, ValueError) as e:
+        raise ClusterError(
+            f"cannot reach the scheduler at {address} ({e}); check the address, "
+            "e.g. tcp://HOST:8786"
+        ) from e
+    try:
         client = Client(address, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as e:
         raise ClusterError(
@@ -91,3 +103,14 @@ def connect(address: str) -> Iterator[Client]:
         yield client
     finally:
         client.close()
+
+
+def _resolve(address: str) -> None:
+    """A tcp/tls address without a port or with a host that does not resolve fails now,
+    not after the connect timeout."""
+    from distributed.comm.addressing import parse_address, parse_host_port
+
+    scheme, location = parse_address(address)
+    if scheme in ("tcp", "tls"):
+        host, port = parse_host_port(location)
+        socket.getaddrinfo(host, port)

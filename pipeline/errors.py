@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class PipelineError(Exception):
     """Base class. ``exit_code`` is what the CLI returns for it."""
@@ -51,3 +53,23 @@ class VerificationError(PipelineError, ArithmeticError):
     """The product does not match A @ B within tolerance."""
 
     exit_code = 1
+
+
+def storage_problem(error: BaseException, storage_options: dict[str, Any] | None) -> str | None:
+    """What to tell the user when ``error`` means the storage cannot be reached (missing
+    credentials, a dead endpoint); None for any other error. By class name: botocore's
+    exceptions are not builtins, and s3fs may not be installed."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    if names & {"NoCredentialsError", "PartialCredentialsError"}:
+        return (
+            f"no S3 credentials were found ({error}); set AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), pass --storage-option key=... "
+            "--storage-option secret=..., or --storage-option anon=true for a public bucket"
+        )
+    if names & {"ConnectionError", "TimeoutError", "ConnectTimeoutError", "ReadTimeoutError"}:
+        endpoint = (storage_options or {}).get("endpoint_url", "the default endpoint")
+        return (
+            f"the storage at {endpoint} did not answer ({type(error).__name__}: {error}); "
+            "check --storage-option endpoint_url and that the server is up"
+        )
+    return None

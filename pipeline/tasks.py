@@ -102,7 +102,10 @@ def _prefetched(
 
     def one(array: Any, url: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
         key = (spec.run_id, url, rows, cols, spec.compute_dtype)
-        block, mine = CACHE.get(key, lambda: io.read_block(array, rows, cols, spec.compute_dtype))
+        name = "A" if url == spec.store.a_url else "B"
+        block, mine = CACHE.get(
+            key, lambda: io.read_block(array, rows, cols, spec.compute_dtype, name, url)
+        )
         return block, _stored_bytes(array, block) if mine else 0
 
     if not panels:
