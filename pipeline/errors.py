@@ -60,7 +60,7 @@ def storage_problem(error: BaseException, storage_options: dict[str, Any] | None
     credentials, a dead endpoint); None for any other error. By class name: botocore's
     exceptions are not builtins, and s3fs may not be installed."""
     names = {cls.__name__ for cls in type(error).__mro__}
-    if names & {"NoCredentialsError", "PartialCredentialsError"}:
+    if names & {"NoCredentialsError", "PartialCredentialsError", "ProfileNotFound"}:
         return (
             f"no S3 credentials were found ({error}); set AWS_ACCESS_KEY_ID and "
             "AWS_SECRET_ACCESS_KEY (or AWS_PROFILE), pass --storage-option key=... "
