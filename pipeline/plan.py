@@ -23,6 +23,8 @@ same bytes on any cluster. Tiles are whole blocks."""
 MIN_TASKS = 8
 """K is split when the output has fewer blocks than this (a property of the problem, not of the
 cluster, so the summation tree is the same on any cluster)."""
+MAX_AXIS_CANDIDATES = 48
+"""Tile sizes tried per axis at most (all of them for up to ~600 chunks)."""
 ZARR_CONCURRENCY = 10
 """zarr's default async.concurrency: chunks decoded or encoded at once by one read or write."""
 MIN_PANEL_WIDTH = 512
@@ -265,10 +267,23 @@ def _tile_candidates(out: ArraySpec, block: tuple[int, int]) -> Iterator[tuple[i
 
 
 def _distinct_multiples(count: int) -> list[int]:
-    """Chunks per tile giving every distinct number of tiles along an axis of ``count`` chunks."""
+    """Chunks per tile giving every distinct number of tiles along an axis of ``count`` chunks.
+
+    ceil(count / q) takes O(√count) distinct values; past MAX_AXIS_CANDIDATES of them a
+    geometric subset is kept, so planning a million-chunk axis stays fast.
+    """
     if count <= 1:
         return [1]
-    return sorted({_ceil_div(count, q) for q in range(1, count + 1)})
+    values, q = set(), 1
+    while q <= count:
+        value = _ceil_div(count, q)
+        values.add(value)
+        q = (count - 1) // (value - 1) + 1 if value > 1 else count + 1  # next q with a new value
+    ordered = sorted(values)
+    if len(ordered) <= MAX_AXIS_CANDIDATES:
+        return ordered
+    picks = np.unique(np.geomspace(1, len(ordered), MAX_AXIS_CANDIDATES).astype(int) - 1)
+    return [ordered[i] for i in picks]
 
 
 def _split_k(out: ArraySpec, block: tuple[int, int], panels: int) -> int:
@@ -338,8 +353,9 @@ def _with_budget(plan: MatmulPlan, memory_limit_bytes: int, cache_fraction: floa
 def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
     """Projected peak host and device bytes of one tile task.
 
-    Host: the accumulator, its cast to the output dtype (if it differs), and two panels of A and B (the one in use and the
-    one being prefetched), each possibly held in both the stored and the compute dtype; plus
+    Host: the accumulator, its cast to the output dtype (if it differs), and two panels of A
+    and B (the one in use and the one being prefetched), each in the stored and the compute
+    dtype when those differ; plus
     zarr's chunk buffers: up to ZARR_CONCURRENCY decoded chunks per panel read, and an encoded
     copy and a compressed copy per chunk written.
     """

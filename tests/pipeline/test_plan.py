@@ -233,3 +233,27 @@ def test_plan_fits_budget_or_refuses(m: int, k: int, n: int, budget_mib: int, th
     tm, tn = plan.tile_shape
     assert plan.task_bytes >= tm * tn * 4  # at least the accumulator
     assert math.isfinite(plan.read_bytes / plan.lower_bound_read_bytes)
+
+
+def test_huge_chunk_counts_plan_fast() -> None:
+    # 2**20 chunks per axis: the candidates are a small subset, found in well under a second.
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(MemoryBudgetError, match="TiB per worker"):
+        plan_matmul(
+            spec((2**40, 1), (2**20, 1)),
+            spec((1, 2**40), (1, 2**20)),
+            workers=4,
+            threads_per_worker=2,
+            memory_limit_bytes=16 * GiB,
+        )
+    plan = plan_matmul(
+        spec((2**26, 64), (64, 64)),
+        spec((64, 2**12), (64, 64)),
+        workers=4,
+        threads_per_worker=2,
+        memory_limit_bytes=16 * GiB,
+    )
+    assert plan.n_tiles >= 8
+    assert time.perf_counter() - started < 5
