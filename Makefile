@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow check lint bench clean
+.PHONY: venv demo test test-slow test-gpu check lint bench clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,10 @@ test: venv
 
 test-slow: venv
 	$(PY) -m pytest -m slow
+
+# On a machine with a CUDA GPU (and CuPy for the cublas tests): real kernels, no simulator.
+test-gpu: venv
+	TILEGEMM_TEST_GPU=1 $(PY) -m pytest -m gpu
 
 lint: venv
 	$(PY) -m ruff check pipeline kernels cluster tests benchmarks docs

@@ -7,7 +7,10 @@ import sys
 
 # Too late once numba is imported: the CUDA kernel tests would then skip silently.
 assert "numba" not in sys.modules, "numba was imported before tests/conftest.py"
-os.environ["NUMBA_ENABLE_CUDASIM"] = "1"  # CPU-only CI runs the CUDA kernels in the simulator
+# CPU-only CI runs the CUDA kernels in the simulator; `make test-gpu` (TILEGEMM_TEST_GPU=1) runs
+# the `gpu` tests on a real device instead.
+if os.environ.get("TILEGEMM_TEST_GPU") != "1":
+    os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
 
 from collections.abc import Iterator  # noqa: E402
