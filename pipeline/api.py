@@ -22,9 +22,10 @@ from pipeline import io
 from pipeline.errors import UsageError
 from pipeline.execute import collect, describe_workers, resolve_backend, submit_plan
 from pipeline.lock import check_lock, hold_lock
-from pipeline.plan import MIN_GEMM_BLOCK, MatmulPlan, parse_size, plan_matmul
+from pipeline.plan import MIN_GEMM_BLOCK, MatmulPlan, plan_matmul
 from pipeline.spec import ArraySpec, StoreSpec
 from pipeline.tasks import TaskSpec
+from pipeline.units import parse_size
 
 log = logging.getLogger("pipeline")
 

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from cluster import ClusterSpec
 from pipeline.errors import PipelineError, UsageError
-from pipeline.plan import format_bytes, parse_size
+from pipeline.units import format_bytes, parse_size
 
 log = logging.getLogger("pipeline")
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
+from pipeline.memory import WORKER_OVERHEAD_BYTES, calculate_task_bytes
 from pipeline.spec import ArraySpec, Tile
+from pipeline.units import format_bytes
 
-WORKER_OVERHEAD_BYTES = 256 * 2**20
-"""Interpreter, dask and zarr state of one worker process, kept out of the task budget."""
 MIN_GEMM_BLOCK = 256
 """BLAS is called on fixed output blocks (whole chunks, at least this many rows and columns),
 whatever the tile: OpenBLAS's result depends on the call's M and N, so fixed blocks give the
@@ -25,8 +25,6 @@ MIN_TASKS = 8
 cluster, so the summation tree is the same on any cluster)."""
 MAX_AXIS_CANDIDATES = 48
 """Tile sizes tried per axis at most (all of them for up to ~600 chunks)."""
-ZARR_CONCURRENCY = 10
-"""zarr's default async.concurrency: chunks decoded or encoded at once by one read or write."""
 MIN_PANEL_WIDTH = 512
 """Narrower K panels waste BLAS calls and storage requests, so adjacent chunks are merged."""
 FLOPS_PER_THREAD = 90e9
@@ -350,34 +348,6 @@ def _with_budget(plan: MatmulPlan, memory_limit_bytes: int, cache_fraction: floa
     )
 
 
-def calculate_task_bytes(plan: MatmulPlan) -> tuple[int, int]:
-    """Projected peak host and device bytes of one tile task.
-
-    Host: the accumulator, its cast to the output dtype (if it differs), and two panels of A
-    and B (the one in use and the one being prefetched), each in the stored and the compute
-    dtype when those differ; plus
-    zarr's chunk buffers: up to ZARR_CONCURRENCY decoded chunks per panel read, and an encoded
-    copy and a compressed copy per chunk written.
-    """
-    tm, tn = plan.tile_shape
-    width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
-    a_item, b_item = np.dtype(plan.a.dtype).itemsize, np.dtype(plan.b.dtype).itemsize
-    c_item, o_item = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
-    a_panel = tm * width * (a_item + (c_item if plan.a.dtype != plan.compute_dtype else 0))
-    b_panel = width * tn * (b_item + (c_item if plan.b.dtype != plan.compute_dtype else 0))
-    reads = (
-        min(tm * width, ZARR_CONCURRENCY * math.prod(plan.a.chunks)) * a_item
-        + min(width * tn, ZARR_CONCURRENCY * math.prod(plan.b.chunks)) * b_item
-    )
-    writes = 2 * min(tm * tn, ZARR_CONCURRENCY * math.prod(plan.out.chunks)) * o_item
-    acc = tm * tn * c_item
-    reduce = 3 * acc + writes if plan.split_k > 1 else 0
-    cast = tm * tn * o_item if plan.out.dtype != plan.compute_dtype else 0
-    host = max(acc + cast + 2 * (a_panel + b_panel) + reads + writes, reduce)
-    device = acc + (tm * width + width * tn) * c_item
-    return host, device
-
-
 def _estimated_seconds(plan: MatmulPlan) -> float:
     """Makespan model: rounds of equal tasks, each multiplying and decoding its panels, then
     the split-K tree (three tile buffers moved per level) and the tile's single writer."""
@@ -406,47 +376,6 @@ def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
         f"{format_bytes(memory_limit_bytes)}; raise --memory-limit, use fewer threads per "
         "worker, or store the inputs with smaller chunks"
     )
-
-
-def parse_size(text: str) -> int:
-    """'4GiB', '512MB', '1e9' or '100' (bytes) to an int number of bytes."""
-    units = {
-        "": 1,
-        "b": 1,
-        "k": 10**3,
-        "kb": 10**3,
-        "m": 10**6,
-        "mb": 10**6,
-        "g": 10**9,
-        "gb": 10**9,
-        "t": 10**12,
-        "tb": 10**12,
-        "kib": 2**10,
-        "mib": 2**20,
-        "gib": 2**30,
-        "tib": 2**40,
-    }
-    s = text.strip().lower().replace(" ", "")
-    number = s.rstrip("kmgtib")
-    unit = s[len(number) :]
-    try:
-        value = float(number)
-    except ValueError:
-        value = -1.0
-    if unit not in units or value <= 0 or not math.isfinite(value):
-        raise UsageError(
-            f"cannot read size {text!r}; write a positive number with an optional unit, "
-            "e.g. 4GiB, 512MB or 1000000"
-        )
-    return int(value * units[unit])
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    raise AssertionError("unreachable")
 
 
 def _ceil_div(a: int, b: int) -> int:

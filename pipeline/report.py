@@ -4,12 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipeline.plan import (
-    DECODE_BYTES_PER_THREAD,
-    FLOPS_PER_THREAD,
-    MatmulPlan,
-    format_bytes,
-)
+from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
+from pipeline.units import format_bytes
 
 if TYPE_CHECKING:
     from pipeline.api import MultiplyResult
