@@ -13,9 +13,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.launch import MAX_DIM, check_panels
+
 INSTALL_HINT = "the cublas backend needs CuPy (pip install cupy-cuda13x) and a CUDA GPU"
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-MAX_DIM = 2**31 - 1
 """Largest m, n or panel width: cublas<t>gemm takes 32-bit int sizes."""
 
 
@@ -94,24 +95,3 @@ class CublasAccumulator:
     def result(self) -> NDArray[Any]:
         """The accumulated matrix as a C-contiguous host array."""
         return np.ascontiguousarray(self._cupy.asnumpy(self._c))
-
-
-def check_panels(
-    shape: tuple[int, int], dtype: np.dtype[Any], a: NDArray[Any], b: NDArray[Any]
-) -> None:
-    """ValueError/TypeError unless a (m, w) @ b (w, n) of ``dtype`` gives ``shape``."""
-    m, n = shape
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"panels must be 2-D, got a.ndim={a.ndim}, b.ndim={b.ndim}")
-    if a.shape[0] != m or b.shape[1] != n or a.shape[1] != b.shape[0]:
-        raise ValueError(
-            f"panel shapes a{a.shape} @ b{b.shape} do not give the accumulator's {shape}; "
-            f"need a ({m}, w) and b (w, {n})"
-        )
-    if a.shape[1] > MAX_DIM:
-        raise ValueError(f"panel width {a.shape[1]} > 2**31 - 1; split K into narrower panels")
-    if a.dtype != dtype or b.dtype != dtype:
-        raise TypeError(
-            f"panels must be {dtype} like the accumulator, got a {a.dtype}, b {b.dtype}; "
-            f"cast with astype(numpy.{dtype.name})"
-        )

@@ -17,10 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels import cuda_fast, cuda_tiled
-from kernels.launch import LaunchConfig, tiled_launch
-
-MAX_DIM = 2**31 - 1
-"""Largest m, n or panel width: the fast kernels index with 31-bit masked integers."""
+from kernels.launch import MAX_DIM, LaunchConfig, check_panels, tiled_launch
 
 
 @dataclass(frozen=True)
@@ -143,7 +140,7 @@ class CudaAccumulator:
 
     def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
         """acc += a @ b, with a (m, w) and b (w, n) host arrays of the accumulator's dtype."""
-        self._check_panels(a, b)
+        check_panels(self.shape, self.dtype, a, b)
         m, n = self.shape
         if m == 0 or n == 0 or a.shape[1] == 0:
             return  # nothing to add; a launch with an empty grid is an error
@@ -155,23 +152,6 @@ class CudaAccumulator:
         cfg = self.variant.launch(m, n)
         with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
             self._kernel[cfg.grid, cfg.block](d_a, d_b, self._c)
-
-    def _check_panels(self, a: NDArray[Any], b: NDArray[Any]) -> None:
-        m, n = self.shape
-        if a.ndim != 2 or b.ndim != 2:
-            raise ValueError(f"panels must be 2-D, got a.ndim={a.ndim}, b.ndim={b.ndim}")
-        if a.shape[0] != m or b.shape[1] != n or a.shape[1] != b.shape[0]:
-            raise ValueError(
-                f"panel shapes a{a.shape} @ b{b.shape} do not give the accumulator's {self.shape}; "
-                f"need a ({m}, w) and b (w, {n})"
-            )
-        if a.shape[1] > MAX_DIM:
-            raise ValueError(f"panel width {a.shape[1]} > 2**31 - 1; split K into narrower panels")
-        if a.dtype != self.dtype or b.dtype != self.dtype:
-            raise TypeError(
-                f"panels must be {self.dtype} like the accumulator, got a {a.dtype}, b {b.dtype}; "
-                f"cast with astype(numpy.{self.dtype.name})"
-            )
 
     def result(self) -> NDArray[Any]:
         """The accumulated matrix as a C-contiguous host array."""
