@@ -17,7 +17,7 @@ import pytest
 import zarr
 from distributed import Client
 
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 60

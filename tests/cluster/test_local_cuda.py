@@ -20,7 +20,7 @@ import zarr
 from distributed import Client, get_task_stream
 
 from pipeline import multiply
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 pytest.importorskip("dask_cuda")
 pytest.importorskip("kernels.cuda_host")
@@ -74,7 +74,7 @@ def _cuda_products_counted() -> int:
     return int(getattr(CudaAccumulator.add, "calls", 0))
 
 
-# Pickled by value: workers must not import this module (conftest asserts numba is unimported).
+# Pickled by value: the workers need not import this test module (nor pytest).
 _count_cuda_products.__module__ = _cuda_products_counted.__module__ = "__main__"
 
 

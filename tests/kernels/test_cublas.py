@@ -18,7 +18,7 @@ from kernels.cublas import CublasAccumulator, CublasUnavailableError, cublas_ava
 from pipeline import multiply
 from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.execute import resolve_backend
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = r"needs CuPy \(pip install cupy-cuda13x\) and a CUDA GPU"

@@ -24,7 +24,7 @@ import pytest
 import zarr
 
 from cluster.start import CONNECT_TIMEOUT_S
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 REPO = Path(__file__).resolve().parents[2]
 CLUSTER = ("--dashboard-address", "127.0.0.1:0", "--no-progress")

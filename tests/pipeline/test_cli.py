@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import zarr
 
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 ROOT = Path(__file__).resolve().parents[2]
 

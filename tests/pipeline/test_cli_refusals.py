@@ -20,7 +20,7 @@ import pytest
 import zarr
 
 from pipeline import io
-from tests.conftest import random_matrix, write_array
+from tests.helpers import random_matrix, write_array
 
 REPO = Path(__file__).resolve().parents[2]
 FAST_CLUSTER = (

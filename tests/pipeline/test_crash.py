@@ -31,7 +31,7 @@ from distributed import Client
 
 from pipeline import multiply
 from pipeline.generate import write_random
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 REPO = Path(__file__).resolve().parents[2]
 CLI_TIMEOUT_S = 240

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from dask.utils import key_split
 
-from tests.conftest import write_array
+from tests.helpers import write_array
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 120

@@ -10,7 +10,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
-from tests.conftest import random_matrix, write_array
+from tests.helpers import random_matrix, write_array
 
 CLUSTERS = [(1, 1, False), (1, 2, False), (2, 1, True), (3, 1, True)]
 """(workers, threads per worker, processes)."""

@@ -10,7 +10,7 @@ import zarr
 from distributed import Client
 
 from pipeline import multiply
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 
 @pytest.mark.gpu

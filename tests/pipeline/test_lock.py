@@ -18,7 +18,7 @@ from distributed import Client
 
 from pipeline import multiply
 from pipeline.errors import UnsafeOutputError
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 
 @pytest.fixture

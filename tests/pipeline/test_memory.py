@@ -12,7 +12,7 @@ from pipeline import io, tasks
 from pipeline.api import fingerprint
 from pipeline.plan import plan_matmul
 from pipeline.spec import StoreSpec
-from tests.conftest import random_matrix, write_array
+from tests.helpers import random_matrix, write_array
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
-from tests.conftest import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, write_array
 
 
 def tree_digest(path: Path) -> str:

@@ -15,7 +15,7 @@ import zarr
 from distributed import Client
 
 from pipeline import multiply, verify_product
-from tests.conftest import assert_product, random_matrix
+from tests.helpers import assert_product, random_matrix
 
 pytest.importorskip("s3fs")
 

@@ -11,7 +11,7 @@ import zarr
 from distributed import Client
 
 from pipeline import multiply, verify_product
-from tests.conftest import write_array
+from tests.helpers import write_array
 
 
 def matrices(kind: str, m: int, k: int, n: int, dtype: str, seed: int) -> tuple[Any, Any]:

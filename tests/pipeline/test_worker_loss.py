@@ -25,7 +25,7 @@ from distributed import Client, LocalCluster
 
 from pipeline import multiply
 from pipeline.generate import write_random
-from tests.conftest import assert_product
+from tests.helpers import assert_product
 
 JOB_TIMEOUT_S = 180
 
