@@ -23,10 +23,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
+
+from pipeline.cli import Parser
 
 RESULTS = Path(__file__).parent / "results"
 CUBLAS = "cublas"
@@ -61,13 +63,6 @@ class Row:
     """Median time of one launch, in seconds."""
     max_error: float
     """max |C - C_cublas| / max |C_cublas| after the warm-up launch."""
-
-
-class Parser(argparse.ArgumentParser):
-    """Usage errors as one ``error:`` line, exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,7 +17,6 @@ from pipeline import tasks
 from pipeline.errors import BackendUnavailableError, JobError, PipelineError
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
-from pipeline.spec import Tile
 from pipeline.tasks import TaskSpec, TileStats
 
 log = logging.getLogger("pipeline")
@@ -170,10 +169,6 @@ def _job_error(future: Future[Any], total: int) -> PipelineError:
         f"a tile task failed ({type(error).__name__}: {error}); the other tasks of {total} "
         "were cancelled; tiles already written are kept: rerun with --resume"
     )
-
-
-def tiles_of(plan: MatmulPlan) -> dict[tuple[int, int], Tile]:
-    return {t.index: t for t in plan.tiles()}
 
 
 def describe_workers(client: Client) -> dict[str, Any]:

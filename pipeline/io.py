@@ -167,11 +167,6 @@ def create_output(
     )
 
 
-def output_exists(url: str, storage_options: dict[str, Any] | None) -> bool:
-    fs, path = url_to_fs(url, storage_options)
-    return bool(fs.exists(path))
-
-
 def output_compressors(dtype: str) -> Any:
     """The output codec: config ``tilegemm.output-compressor`` = auto | none | lz4 | zstd.
 
