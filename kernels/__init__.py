@@ -13,8 +13,14 @@ CUDA_DTYPES = ("float32", "float64")
 
 
 class Accumulator(Protocol):
-    def add(self, a: NDArray[Any], b: NDArray[Any]) -> None: ...
-    def result(self) -> NDArray[Any]: ...
+    """``acc += a @ b`` over K panels. ``rows=(r0, r1)`` works on that band of the accumulator
+    only (``a`` then holds just those rows), so a finished band can be written out while the
+    next one is computed; the bytes are the same as for whole-accumulator calls."""
+
+    def add(
+        self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None
+    ) -> None: ...
+    def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]: ...
 
 
 def make_accumulator(

@@ -101,25 +101,33 @@ class CpuAccumulator:
         self._gemm = cblas_gemm(self.acc.dtype.name)
         single_threaded_blas()
 
-    def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
-        if a.shape[1] == 0 or self.acc.size == 0:
+    def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
+        """acc[rows] += a @ b; a band must start on a block row, so each gemm call (and so
+        each rounding) is the same as in a whole-accumulator call."""
+        r0, r1 = rows or (0, self.acc.shape[0])
+        if r0 % self.block[0] or not 0 <= r0 <= r1 <= self.acc.shape[0]:
+            raise ValueError(f"rows {r0}:{r1} must start on a block row of {self.block[0]}")
+        acc = self.acc[r0:r1]
+        if a.shape[1] == 0 or acc.size == 0:
             return
-        a = np.ascontiguousarray(a, dtype=self.acc.dtype)
-        b = np.ascontiguousarray(b, dtype=self.acc.dtype)
+        a = np.ascontiguousarray(a, dtype=acc.dtype)
+        b = np.ascontiguousarray(b, dtype=acc.dtype)
         (m, k), n = a.shape, b.shape[1]
-        (bm, bn), item = self.block, self.acc.itemsize
+        if (m, n) != acc.shape or b.shape[0] != k:
+            raise ValueError(f"panels {a.shape} @ {b.shape} don't fit accumulator rows {acc.shape}")
+        (bm, bn), item = self.block, acc.itemsize
         for i in range(0, m, bm):
             for j in range(0, n, bn):
-                rows, cols = min(bm, m - i), min(bn, n - j)
+                h, w = min(bm, m - i), min(bn, n - j)
                 if self._gemm is None:  # integers, complex, bool, or no OpenBLAS found
-                    self.acc[i : i + rows, j : j + cols] += a[i : i + rows] @ b[:, j : j + cols]
+                    acc[i : i + h, j : j + w] += a[i : i + h] @ b[:, j : j + w]
                     continue
                 self._gemm(
                     ROW_MAJOR,
                     NO_TRANS,
                     NO_TRANS,
-                    rows,
-                    cols,
+                    h,
+                    w,
                     k,
                     1.0,
                     a.ctypes.data + i * k * item,
@@ -127,9 +135,10 @@ class CpuAccumulator:
                     b.ctypes.data + j * item,
                     n,
                     1.0,
-                    self.acc.ctypes.data + (i * n + j) * item,
+                    acc.ctypes.data + (i * n + j) * item,
                     n,
                 )
 
-    def result(self) -> NDArray[Any]:
-        return self.acc
+    def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
+        r0, r1 = rows or (0, self.acc.shape[0])
+        return self.acc[r0:r1]

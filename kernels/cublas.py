@@ -80,18 +80,26 @@ class CublasAccumulator:
         # C order: cupy.cublas.gemm then computes C^T = B^T A^T in place, without a copy of C.
         self._c = self._cupy.zeros(self.shape, dtype=self.dtype)
 
-    def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
-        """acc += a @ b, with a (m, w) and b (w, n) host arrays of the accumulator's dtype."""
-        check_panels(self.shape, self.dtype, a, b)
-        m, n = self.shape
+    def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
+        """acc[rows] += a @ b, with a (r1 - r0, w) and b (w, n) host arrays of the accumulator's
+        dtype."""
+        c = self._band(rows)
+        check_panels(c.shape, self.dtype, a, b)
+        m, n = c.shape
         if m == 0 or n == 0 or a.shape[1] == 0:
             return  # nothing to add; cuBLAS rejects leading dimensions of 0
         cp = self._cupy
         # One host-to-device copy per panel; the accumulator never leaves the device.
         d_a = cp.asarray(np.ascontiguousarray(a))
         d_b = cp.asarray(np.ascontiguousarray(b))
-        cp.cublas.gemm("N", "N", d_a, d_b, out=self._c, alpha=1.0, beta=1.0)
+        cp.cublas.gemm("N", "N", d_a, d_b, out=c, alpha=1.0, beta=1.0)
 
-    def result(self) -> NDArray[Any]:
-        """The accumulated matrix as a C-contiguous host array."""
-        return np.ascontiguousarray(self._cupy.asnumpy(self._c))
+    def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
+        """The accumulated matrix (or its band of rows) as a C-contiguous host array."""
+        return np.ascontiguousarray(self._cupy.asnumpy(self._band(rows)))
+
+    def _band(self, rows: tuple[int, int] | None) -> Any:
+        r0, r1 = rows or (0, self.shape[0])
+        if not 0 <= r0 <= r1 <= self.shape[0]:
+            raise ValueError(f"rows {r0}:{r1} outside the accumulator's {self.shape[0]} rows")
+        return self._c[r0:r1]  # whole rows of a C-ordered array: a contiguous view

@@ -138,10 +138,12 @@ class CudaAccumulator:
             )
         return variant
 
-    def add(self, a: NDArray[Any], b: NDArray[Any]) -> None:
-        """acc += a @ b, with a (m, w) and b (w, n) host arrays of the accumulator's dtype."""
-        check_panels(self.shape, self.dtype, a, b)
-        m, n = self.shape
+    def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
+        """acc[rows] += a @ b, with a (r1 - r0, w) and b (w, n) host arrays of the accumulator's
+        dtype; each element is summed in K order whatever the band, so bands give the same bytes."""
+        c = self._band(rows)
+        check_panels(c.shape, self.dtype, a, b)
+        m, n = c.shape
         if m == 0 or n == 0 or a.shape[1] == 0:
             return  # nothing to add; a launch with an empty grid is an error
         from numba import cuda
@@ -151,8 +153,14 @@ class CudaAccumulator:
         d_b = cuda.to_device(np.ascontiguousarray(b))
         cfg = self.variant.launch(m, n)
         with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
-            self._kernel[cfg.grid, cfg.block](d_a, d_b, self._c)
+            self._kernel[cfg.grid, cfg.block](d_a, d_b, c)
 
-    def result(self) -> NDArray[Any]:
-        """The accumulated matrix as a C-contiguous host array."""
-        return np.ascontiguousarray(self._c.copy_to_host())
+    def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
+        """The accumulated matrix (or its band of rows) as a C-contiguous host array."""
+        return np.ascontiguousarray(self._band(rows).copy_to_host())
+
+    def _band(self, rows: tuple[int, int] | None) -> Any:
+        r0, r1 = rows or (0, self.shape[0])
+        if not 0 <= r0 <= r1 <= self.shape[0]:
+            raise ValueError(f"rows {r0}:{r1} outside the accumulator's {self.shape[0]} rows")
+        return self._c[r0:r1]  # whole rows of a C-ordered array: a contiguous view

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -48,19 +48,18 @@ class TileStats:
     """crc32 of the tile's bytes as written."""
 
 
+WRITE_BANDS = 8
+"""The last K panel is multiplied in up to this many bands of whole block rows, each written
+while the next is computed: only the last band's write is left after the product."""
+
+
 def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
     """``A[rows, K] @ B[K, cols]`` over the given K panels, in one accumulator.
 
     Returns (partial, bytes_read). The next panel is read while the current one multiplies.
     """
-    a = io.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
-    b = io.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
-    CACHE.use(spec.run_id, spec.cache_bytes)
-    bytes_read = 0
-    for a_panel, b_panel, decoded in _prefetched(spec, a, b, tile, panels):
-        bytes_read += decoded
-        acc.add(a_panel, b_panel)
+    bytes_read = _multiply(spec, tile, panels, acc)
     return acc.result(), bytes_read
 
 
@@ -69,29 +68,97 @@ def sum_partials(x: Any, y: Any) -> Any:
     return x[0] + y[0], x[1] + y[1]  # new array: a retried task must not see a mutated input
 
 
-def tile_write(spec: TaskSpec, tile: Tile, product: Any, started: float | None = None) -> TileStats:
+def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     """Write the tile's whole chunks (this task is their only writer), then journal it."""
-    start = time.perf_counter() if started is None else started
+    start = time.perf_counter()
     partial, bytes_read = product
-    out = io.worker_array(
-        spec.store.out_url, spec.store.storage_options, spec.fingerprint, writable=True
-    )
     data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
     if data.size:
-        out[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]] = data
-    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, zlib.crc32(data.data))
-    entry = {"fingerprint": spec.fingerprint, **asdict(stats)}
-    name = f"journal/tile-{tile.index[0]}-{tile.index[1]}.json"
-    io.write_bytes(spec.store.out_url, name, json.dumps(entry).encode(), spec.store.storage_options)
-    return stats
+        _output(spec)[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]] = data
+    return _journal(spec, tile, bytes_read, start, zlib.crc32(data.data))
 
 
 def tile_product_write(
     spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
 ) -> TileStats:
-    """The unsplit case: product and write in one task, so the tile never leaves the worker."""
+    """The unsplit case: product and write in one task, so the tile never leaves the worker;
+    the last panel goes band by band and each finished band is written in a thread."""
     start = time.perf_counter()
-    return tile_write(spec, tile, tile_product(spec, tile, panels), start)
+    out = _output(spec)
+    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
+    crc = [0]  # chained over the bands in row order: the whole tile's crc32
+
+    def write(band: tuple[int, int], partial: NDArray[Any]) -> None:
+        data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
+        if data.size:
+            rows = (tile.rows[0] + band[0], tile.rows[0] + band[1])
+            out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
+        crc[0] = zlib.crc32(data.data, crc[0])
+
+    # One writer thread: bands are written (and their crc chained) in row order.
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:
+        written = []
+
+        def finished(band: tuple[int, int]) -> None:
+            written.append(writer.submit(write, band, acc.result(band)))
+
+        bytes_read = _multiply(spec, tile, panels, acc, finished)
+        for future in written:
+            future.result()  # a failed write raises here
+    return _journal(spec, tile, bytes_read, start, crc[0])
+
+
+def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
+    """Up to WRITE_BANDS bands of whole block rows (the last may be short) covering ``rows``."""
+    if rows <= 0:
+        return [(0, 0)]
+    unit = max(block_rows or rows, 1)
+    blocks = -(-rows // unit)
+    step = unit * -(-blocks // WRITE_BANDS)  # whole blocks per band
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def _multiply(
+    spec: TaskSpec,
+    tile: Tile,
+    panels: tuple[tuple[int, int], ...],
+    acc: Any,
+    finished: Callable[[tuple[int, int]], None] | None = None,
+) -> int:
+    """Add every panel's product into ``acc``; returns the bytes decoded. With ``finished``,
+    the last panel is added band by band and ``finished(band)`` is called as each is final."""
+    a = io.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
+    b = io.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
+    CACHE.use(spec.run_id, spec.cache_bytes)
+    bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
+    bytes_read = 0
+    for i, (a_panel, b_panel, decoded) in enumerate(_prefetched(spec, a, b, tile, panels)):
+        bytes_read += decoded
+        if finished is None or i < len(panels) - 1:
+            acc.add(a_panel, b_panel)
+            continue
+        for band in bands:
+            acc.add(a_panel[band[0] : band[1]], b_panel, rows=band)
+            finished(band)
+    if finished is not None and not panels:  # K == 0: the zero product, written as is
+        for band in bands:
+            finished(band)
+    return bytes_read
+
+
+def _output(spec: TaskSpec) -> Any:
+    return io.worker_array(
+        spec.store.out_url, spec.store.storage_options, spec.fingerprint, writable=True
+    )
+
+
+def _journal(spec: TaskSpec, tile: Tile, bytes_read: int, start: float, crc: int) -> TileStats:
+    """Record the written tile in OUT/journal/ (what --resume trusts), with its crc32."""
+    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, crc)
+    entry = {"fingerprint": spec.fingerprint, **asdict(stats)}
+    name = f"journal/tile-{tile.index[0]}-{tile.index[1]}.json"
+    io.write_bytes(spec.store.out_url, name, json.dumps(entry).encode(), spec.store.storage_options)
+    return stats
 
 
 def _prefetched(

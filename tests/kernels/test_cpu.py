@@ -41,3 +41,37 @@ def test_uses_gil_free_blas_for_floats() -> None:
     # numpy >= 2 wheels bundle OpenBLAS; if this fails the slower fallback is in use.
     assert cblas_gemm("float32") is not None
     assert cblas_gemm("float64") is not None
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_bands_give_the_bytes_of_whole_calls(dtype: str) -> None:
+    """The last panel added band by band (as tasks do to write while computing) must give the
+    very bytes of one whole call: each gemm call is the same block call."""
+    rng = np.random.default_rng(3)
+    (m, n), block = (70, 45), (16, 20)
+    a1, a2 = (
+        (rng.uniform(-1, 1, (m, 33)) * 10).astype(dtype),
+        (rng.uniform(-1, 1, (m, 9)) * 10).astype(dtype),
+    )
+    b1, b2 = (
+        (rng.uniform(-1, 1, (33, n)) * 10).astype(dtype),
+        (rng.uniform(-1, 1, (9, n)) * 10).astype(dtype),
+    )
+    whole = make_accumulator("cpu", (m, n), dtype, block)
+    whole.add(a1, b1)
+    whole.add(a2, b2)
+    banded = make_accumulator("cpu", (m, n), dtype, block)
+    banded.add(a1, b1)
+    for r0, r1 in [(0, 32), (32, 48), (48, 70)]:
+        banded.add(a2[r0:r1], b2, rows=(r0, r1))
+        assert np.array_equal(banded.result((r0, r1)), whole.result()[r0:r1])
+    assert banded.result().tobytes() == whole.result().tobytes()
+
+
+def test_band_must_start_on_a_block_row_and_fit() -> None:
+    acc = make_accumulator("cpu", (8, 4), "float32", (4, 4))
+    with pytest.raises(ValueError, match="start on a block row of 4"):
+        acc.add(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), rows=(2, 4))
+    with pytest.raises(ValueError, match="don't fit accumulator rows"):
+        acc.add(np.ones((3, 3), np.float32), np.ones((3, 4), np.float32), rows=(4, 8))
+    assert not acc.result().any()  # a refused call changes nothing

@@ -131,12 +131,16 @@ class FakeCupy(types.ModuleType):
         self.uploads += 1
         return self._device(np.array(x, copy=True))
 
+    def on(self, x: np.ndarray[Any, Any]) -> bool:
+        """A device array, or a view of one (a slice of a CuPy array stays on the device)."""
+        return id(x) in self.on_device or (x.base is not None and id(x.base) in self.on_device)
+
     def asnumpy(self, x: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-        assert id(x) in self.on_device
+        assert self.on(x)
         return np.array(x, copy=True)
 
     def _gemm(self, ta: str, tb: str, a: Any, b: Any, out: Any, alpha: float, beta: float) -> Any:
-        assert all(id(x) in self.on_device for x in (a, b, out)), "gemm got a host array"
+        assert all(self.on(x) for x in (a, b, out)), "gemm got a host array"
         assert a.dtype == b.dtype == out.dtype and out.flags.c_contiguous
         self.gemm_calls.append((ta, tb, alpha, beta))
         out[...] = alpha * (a @ b) + beta * out
@@ -175,6 +179,17 @@ def test_fake_cupy_accumulates_with_beta_one(
     used = [w for w in widths if w]
     assert fake_cupy.uploads == 2 * len(used)  # each panel copied to the device once
     assert fake_cupy.gemm_calls == [("N", "N", 1.0, 1.0)] * len(used)
+
+
+def test_fake_cupy_bands_write_only_their_rows(fake_cupy: FakeCupy) -> None:
+    rng = np.random.default_rng(5)
+    a, b = random_matrix(rng, (30, 12), "float32"), random_matrix(rng, (12, 7), "float32")
+    acc = make_accumulator("cublas", (30, 7), "float32")
+    acc.add(a[:, :5], b[:5])
+    for r0, r1 in [(0, 16), (16, 30)]:
+        acc.add(a[r0:r1, 5:], b[5:], rows=(r0, r1))  # gemm into a device view of the band
+    assert_product(acc.result(), a, b)
+    assert_product(acc.result((16, 30)), a[16:], b)
 
 
 def test_fake_cupy_refuses_bad_panels(fake_cupy: FakeCupy) -> None:

@@ -122,6 +122,29 @@ def test_default_accumulator_streams_panels(dtype: str) -> None:
 # --- the generator (pure) -----------------------------------------------------------------------
 
 
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_accumulator_bands_give_the_bytes_of_whole_calls(dtype: str) -> None:
+    """Tasks add the last panel band by band to write finished bands early; every element is
+    summed in K order whatever the launch, so the bytes match whole-accumulator calls."""
+    rng = np.random.default_rng(11)
+    m, n = 70, 33
+    a1, a2 = rng.standard_normal((m, 17)).astype(dtype), rng.standard_normal((m, 6)).astype(dtype)
+    b1, b2 = rng.standard_normal((17, n)).astype(dtype), rng.standard_normal((6, n)).astype(dtype)
+    whole = cuda_host.CudaAccumulator((m, n), np.dtype(dtype))
+    whole.add(a1, b1)
+    whole.add(a2, b2)
+    banded = cuda_host.CudaAccumulator((m, n), np.dtype(dtype))
+    banded.add(a1, b1)
+    for r0, r1 in [(0, 32), (32, 64), (64, 70)]:
+        banded.add(a2[r0:r1], b2, rows=(r0, r1))
+        assert banded.result((r0, r1)).tobytes() == whole.result()[r0:r1].tobytes()
+    assert banded.result().tobytes() == whole.result().tobytes()
+    with pytest.raises(ValueError, match="outside the accumulator's 70 rows"):
+        banded.add(a2[:8], b2, rows=(64, 72))
+
+
 @pytest.mark.parametrize("spec", [cuda_fast.F32_SPEC, cuda_fast.F64_SPEC], ids=["f32", "f64"])
 def test_generated_source_shape(spec: cuda_fast.BlockedSpec) -> None:
     src = cuda_fast.generate_source(spec)
