@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -95,21 +96,23 @@ def run_tool(tool: str, a: str, b: str, out: Path) -> dict[str, Any]:
     else:
         cmd = [sys.executable, "-c", PEER_SCRIPT, tool, a, b, str(out)]
     started = time.perf_counter()
-    proc, peak = run_sampled(cmd)
+    proc, peak, cpu = run_sampled(cmd)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed: {proc.stderr[-2000:]}")
     seconds = (
         wall if tool == "pipeline" else json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
     )
-    result = {"seconds": seconds, "wall": wall, "peak_bytes": peak}
+    result = {"seconds": seconds, "wall": wall, "peak_bytes": peak, "cpu_seconds": cpu}
     if tool == "pipeline":
         result["summary"] = proc.stdout.strip().splitlines()[-1]
     return result
 
 
-def run_sampled(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
-    """Run cmd; sample the RSS of its whole process tree every 50 ms."""
+def run_sampled(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], int, float]:
+    """Run cmd; sample the RSS of its whole process tree every 50 ms. Returns the process, its
+    peak tree RSS and the CPU seconds (user + system) of the tree."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
 
@@ -127,7 +130,9 @@ def run_sampled(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], int]:
     thread.start()
     stdout, stderr = proc.communicate()
     thread.join()
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), peak[0]
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = sum(getattr(after, f) - getattr(before, f) for f in ("ru_utime", "ru_stime"))
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), peak[0], cpu
 
 
 def _rss(p: psutil.Process) -> int:
@@ -162,6 +167,7 @@ def summarize(size: int, dtype: str, runs: dict[str, list[dict[str, Any]]]) -> l
             "speed_vs_numpy": base / seconds if base else None,
             "time_vs_dask_threads": seconds / threads if threads else None,
             "peak_gib": max(r["peak_bytes"] for r in results) / 2**30,
+            "cpu_seconds": statistics.median(r["cpu_seconds"] for r in results),
             "summary": results[-1].get("summary", ""),
         })  # fmt: skip
     return rows
@@ -177,17 +183,25 @@ def write_results(stem: str, rows: list[dict[str, Any]], startup: float, args: A
         f"Start-up (whole CLI on a 64x64 product): {startup:.2f} s.",
         "",
         "| size | tool | median s | runs | GFLOP/s | speed vs numpy | time vs dask threads "
-        "| peak tree GiB |",
-        "|---|---|---|---|---|---|---|---|",
+        "| peak tree GiB | tree CPU s |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['size']} | {r['tool']} | {r['seconds']:.2f} | {r['runs']} | {r['gflops']:.1f} "
             f"| {_fmt(r['speed_vs_numpy'])} | {_fmt(r['time_vs_dask_threads'])} "
-            f"| {r['peak_gib']:.2f} |"
+            f"| {r['peak_gib']:.2f} | {r['cpu_seconds']:.1f} |"
         )
     summaries = [f"- {r['size']}: {r['summary']}" for r in rows if r["tool"] == "pipeline"]
-    lines += ["", "Pipeline summaries (last run):", *summaries, ""]
+    lines += [
+        "",
+        "Tree CPU s: user + system seconds of the whole run's process tree (median), loading and "
+        "start-up included (numpy's loading is not in its time but is in its CPU).",
+        "",
+        "Pipeline summaries (last run):",
+        *summaries,
+        "",
+    ]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines))
     (RESULTS / f"{stem}.json").write_text(json.dumps({"startup": startup, "rows": rows}, indent=1))
     plot(stem, rows)
