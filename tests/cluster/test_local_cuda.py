@@ -60,9 +60,9 @@ def _count_cuda_products() -> None:
     add = getattr(CudaAccumulator.add, "__wrapped__", CudaAccumulator.add)
 
     @functools.wraps(add)
-    def counted(self: Any, *args: Any) -> None:
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
         counted.calls += 1  # type: ignore[attr-defined]
-        add(self, *args)
+        add(self, *args, **kwargs)
 
     counted.calls = 0  # type: ignore[attr-defined]
     CudaAccumulator.add = counted  # type: ignore[method-assign, assignment]
