@@ -102,13 +102,17 @@ class MatmulPlan:
         width = max((k1 - k0 for k0, k1 in self.k_panels), default=0)
         threads, workers = self.threads_per_worker, self.workers
         b_block = k * tn * c
-        if self.cache_bytes >= b_block:
+        # The LRU also holds the panels the running tasks use and prefetch, and the B blocks
+        # of two columns while one column's last tiles overlap the next column's first.
+        in_flight = threads * 2 * (tm + tn) * width * c
+        if self.cache_bytes >= b_block + in_flight:
             b_times = min(rows, workers)
-        elif self.cache_bytes >= threads * (tm + tn) * width * c:
+        elif self.cache_bytes >= in_flight:
             b_times = _ceil_div(rows, threads)
         else:
             b_times = rows
-        a_times = min(cols, workers) if self.cache_bytes >= m * k * c + b_block else cols
+        a_fits = self.cache_bytes >= m * k * c + min(threads, cols) * b_block + in_flight
+        a_times = min(cols, workers) if a_fits else cols
         a_bytes = m * k * np.dtype(self.a.dtype).itemsize
         b_bytes = k * n * np.dtype(self.b.dtype).itemsize
         return a_times * a_bytes + b_times * b_bytes
@@ -246,6 +250,21 @@ def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
             f"{b.shape[0]}x{b.shape[1]}; A's columns ({a.shape[1]}) must equal B's rows "
             f"({b.shape[0]})"
         )
+
+
+WRITE_BANDS = 8
+"""A tile's last K panel is multiplied in up to this many bands of whole gemm-block rows, each
+written while the next is computed: only the last band's write is left after the product."""
+
+
+def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
+    """Up to WRITE_BANDS bands of whole block rows (the last may be short) covering ``rows``."""
+    if rows <= 0:
+        return [(0, 0)]
+    unit = max(block_rows or rows, 1)
+    blocks = -(-rows // unit)
+    step = unit * -(-blocks // WRITE_BANDS)  # whole blocks per band
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
 def gemm_block(out: ArraySpec, min_block: int = MIN_GEMM_BLOCK) -> tuple[int, int]:

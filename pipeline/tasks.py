@@ -6,7 +6,7 @@ import json
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from numpy.typing import NDArray
 from kernels import make_accumulator
 from pipeline import io
 from pipeline.panels import CACHE
+from pipeline.plan import row_bands
 from pipeline.spec import StoreSpec, Tile
 
 
@@ -46,11 +47,6 @@ class TileStats:
     seconds: float
     checksum: int
     """crc32 of the tile's bytes as written."""
-
-
-WRITE_BANDS = 8
-"""The last K panel is multiplied in up to this many bands of whole block rows, each written
-while the next is computed: only the last band's write is left after the product."""
 
 
 def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
@@ -97,25 +93,17 @@ def tile_product_write(
 
     # One writer thread: bands are written (and their crc chained) in row order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:
-        written = []
+        written: list[Future[None]] = []
 
         def finished(band: tuple[int, int]) -> None:
+            if len(written) >= 2:
+                written[-2].result()  # at most two bands queued (host copies on the GPU path)
             written.append(writer.submit(write, band, acc.result(band)))
 
         bytes_read = _multiply(spec, tile, panels, acc, finished)
         for future in written:
             future.result()  # a failed write raises here
     return _journal(spec, tile, bytes_read, start, crc[0])
-
-
-def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
-    """Up to WRITE_BANDS bands of whole block rows (the last may be short) covering ``rows``."""
-    if rows <= 0:
-        return [(0, 0)]
-    unit = max(block_rows or rows, 1)
-    blocks = -(-rows // unit)
-    step = unit * -(-blocks // WRITE_BANDS)  # whole blocks per band
-    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
 def _multiply(

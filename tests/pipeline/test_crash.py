@@ -171,7 +171,7 @@ def test_kill_midway_then_resume(tmp_path: Path, cluster: list[str]) -> None:
     inputs = digest(tmp_path / "a.zarr", tmp_path / "b.zarr")
     out = tmp_path / "c.zarr"
     # 264 MiB per worker forces small tiles: many of them, each a short task.
-    argv = multiply_argv(a_url, b_url, out, "--memory-limit", "264MiB", *cluster)
+    argv = multiply_argv(a_url, b_url, out, "--memory-limit", "266MiB", *cluster)
     plan = run([*argv, "--dry-run"], tmp_path / "plan")
     total = first_int(r"^tiles\s+(\d+)", plan.stdout)
     assert total >= 16, plan.stdout

@@ -186,7 +186,7 @@ def test_banded_write_journals_the_crc_of_each_tile(tmp_path: Path, client: Clie
     hold the crc32 of the whole tile as stored (what --resume trusts), every band written."""
     import zlib
 
-    from pipeline.tasks import row_bands
+    from pipeline.plan import row_bands
 
     rng = np.random.default_rng(4)
     a, b = random_matrix(rng, (1100, 300), "float32"), random_matrix(rng, (300, 520), "float32")

@@ -70,7 +70,7 @@ def busy_worker(client: Client, thread: threading.Thread, held: str) -> str:
     ("m", "k", "n", "a_chunks", "b_chunks", "budget", "held"),
     [
         # many small tiles; the killed worker is running one and holds finished ones
-        pytest.param(2048, 2048, 2048, (256, 256), (256, 256), "264MiB", "matmul-tile", id="tiles"),
+        pytest.param(2048, 2048, 2048, (256, 256), (256, 256), "266MiB", "matmul-tile", id="tiles"),
         # one 512x512 tile in 8 split-K groups: the killed worker holds a partial sum
         pytest.param(512, 131072, 512, (512, 4096), (4096, 512), None, "matmul-", id="split-k"),
     ],
