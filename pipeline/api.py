@@ -104,7 +104,10 @@ def multiply(
         )
         skip = _prepare_output(store, plan, fp, state, resume)
         with hold_lock(out, options):
-            run = collect(c, submit_plan(c, plan, spec, skip), plan, progress)
+            try:
+                run = collect(c, submit_plan(c, plan, spec, skip), plan, progress)
+            finally:
+                _release_panels(c, spec.run_id)
             _mark(store, fp, complete=True)
             verified = None
             if verify:
@@ -195,6 +198,16 @@ def _client(
         spec = replace(spec, memory_limit_bytes=budget)
     with start(spec) as c:
         yield c
+
+
+def _release_panels(client: Client, run_id: str) -> None:
+    """Free the job's cached panels on every worker (best effort: a lost worker has none)."""
+    from pipeline.panels import release_panels
+
+    try:
+        client.run(release_panels, run_id)
+    except Exception as e:  # noqa: BLE001 - never hide the job's own result or error
+        log.debug("could not release cached panels: %s", e)
 
 
 def _report(path: str | None) -> Any:

@@ -73,6 +73,17 @@ class PanelCache:
                 self.run_id = run_id
             self.budget_bytes = budget_bytes
 
+    def release(self, run_id: str) -> int:
+        """Drop a finished job's panels (a long-lived worker would otherwise hold them until
+        the next job); returns the bytes freed."""
+        with self._lock:
+            if run_id != self.run_id:
+                return 0
+            freed = self._bytes
+            self._entries.clear()
+            self._bytes = 0
+            return freed
+
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
@@ -81,3 +92,8 @@ class PanelCache:
 
 CACHE = PanelCache()
 """The worker process's cache; each task sets its job and budget (``use``)."""
+
+
+def release_panels(run_id: str) -> int:
+    """Run on every worker after a job (``client.run``): the bytes of panels freed."""
+    return CACHE.release(run_id)

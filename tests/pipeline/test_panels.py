@@ -5,9 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
+from distributed import Client
 
 from pipeline.panels import PanelCache
 
@@ -64,3 +66,33 @@ def test_failed_decode_is_not_cached() -> None:
     with pytest.raises(OSError, match="corrupt chunk"):
         cache.get("k", broken)
     assert cache.get("k", lambda: np.zeros(2))[1] is True
+
+
+def test_release_frees_only_its_own_job() -> None:
+    cache = PanelCache()
+    cache.use("job-1", 10**6)
+    cache.get("k", lambda: np.zeros(100))
+    assert cache.release("job-0") == 0  # an older job's release must not drop job-1's panels
+    assert cache.release("job-1") == 800
+    assert cache.get("k", lambda: np.ones(3))[1] is True
+
+
+def test_workers_hold_no_panels_after_a_job(tmp_path: Path, client: Client) -> None:
+    """A long-lived cluster must not keep a finished job's decoded panels (up to half the
+    worker's memory by default) until the next job."""
+    from pipeline import multiply
+    from tests.helpers import random_matrix, write_array
+
+    rng = np.random.default_rng(2)
+    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (300, 700), "float32"), (100, 100))
+    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (700, 200), "float32"), (100, 100))
+    result = multiply(a, b, str(tmp_path / "c.zarr"), client=client)
+    assert result.plan.cache_bytes > 0
+
+    def cached_bytes() -> int:  # nested: pickled by value, runs on each worker
+        from pipeline.panels import CACHE
+
+        return CACHE._bytes
+
+    held = client.run(cached_bytes)
+    assert held and all(v == 0 for v in held.values()), held
