@@ -38,12 +38,13 @@ lint: venv
 
 check: lint test
 
-# CPU peers on the same Zarr data (float32 and float64); several minutes on 2 cores.
-BENCH_SIZES ?= 4096,8192,12288
+# CPU peers on the same Zarr data (float32 and float64); about an hour on 2 cores.
+BENCH_SIZES_F32 ?= 4096,8192,12288,16384
+BENCH_SIZES_F64 ?= 8192,12288
 bench: venv
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[bench]'
-	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES) --dtype float32 --repeats 3
-	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES) --dtype float64 --repeats 3
+	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F32) --dtype float32 --repeats 3
+	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F64) --dtype float64 --repeats 3
 
 clean:
 	rm -rf $(VENV) $(DEMO)
