@@ -204,3 +204,45 @@ def test_banded_write_journals_the_crc_of_each_tile(tmp_path: Path, client: Clie
         entry = json.loads((out / "journal" / name).read_text())
         stored = np.ascontiguousarray(c[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]])
         assert entry["checksum"] == zlib.crc32(stored.data)
+
+
+def test_a_failed_band_write_fails_the_tile_unjournaled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A band write that fails (disk full, lost connection) must fail the tile task with that
+    error, and leave no journal entry, so --resume recomputes the tile."""
+    from pipeline import io, tasks
+    from pipeline.api import fingerprint
+    from pipeline.plan import plan_matmul, row_bands
+    from pipeline.spec import StoreSpec
+
+    rng = np.random.default_rng(9)
+    a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (900, 200), "float32"), (64, 100))
+    b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (200, 300), "float32"), (100, 64))
+    a, b = io.array_spec(io.open_input(a_url), "A"), io.array_spec(io.open_input(b_url), "B")
+    plan = plan_matmul(a, b, workers=1, threads_per_worker=1, memory_limit_bytes=2**31)
+    out = tmp_path / "c.zarr"
+    io.create_output(str(out), plan.out.shape, plan.out.chunks, plan.out.dtype, {})
+    spec = tasks.TaskSpec(
+        StoreSpec(a_url, b_url, str(out)),
+        "cpu",
+        plan.compute_dtype,
+        plan.out.dtype,
+        fingerprint(plan),
+        block_shape=plan.block_shape,
+    )
+    tile = next(plan.tiles())
+    assert len(row_bands(tile.shape[0], plan.block_shape[0])) > 1
+
+    class FailsSecondBand:
+        calls = 0
+
+        def __setitem__(self, key: object, value: object) -> None:
+            FailsSecondBand.calls += 1
+            if FailsSecondBand.calls == 2:
+                raise OSError("No space left on device")
+
+    monkeypatch.setattr(tasks, "_output", lambda spec: FailsSecondBand())
+    with pytest.raises(OSError, match="No space left"):
+        tasks.tile_product_write(spec, tile, plan.k_groups()[0])
+    assert not (out / "journal").exists() or not any((out / "journal").iterdir())
