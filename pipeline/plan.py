@@ -262,8 +262,7 @@ def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
     if rows <= 0:
         return [(0, 0)]
     unit = max(block_rows or rows, 1)
-    blocks = -(-rows // unit)
-    step = unit * -(-blocks // WRITE_BANDS)  # whole blocks per band
+    step = unit * _ceil_div(_ceil_div(rows, unit), WRITE_BANDS)  # whole blocks per band
     return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
