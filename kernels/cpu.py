@@ -17,6 +17,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.launch import band_rows
+
 ROW_MAJOR, NO_TRANS = 101, 111
 _SYMBOLS = {
     "float32": ("scipy_cblas_sgemm64_", ctypes.c_float),
@@ -104,8 +106,8 @@ class CpuAccumulator:
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
         """acc[rows] += a @ b; a band must start on a block row, so each gemm call (and so
         each rounding) is the same as in a whole-accumulator call."""
-        r0, r1 = rows or (0, self.acc.shape[0])
-        if r0 % self.block[0] or not 0 <= r0 <= r1 <= self.acc.shape[0]:
+        r0, r1 = band_rows(rows, self.acc.shape[0])
+        if r0 % self.block[0]:
             raise ValueError(f"rows {r0}:{r1} must start on a block row of {self.block[0]}")
         acc = self.acc[r0:r1]
         if a.shape[1] == 0 or acc.size == 0:
@@ -140,5 +142,5 @@ class CpuAccumulator:
                 )
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
-        r0, r1 = rows or (0, self.acc.shape[0])
+        r0, r1 = band_rows(rows, self.acc.shape[0])
         return self.acc[r0:r1]

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.launch import MAX_DIM, check_panels
+from kernels.launch import MAX_DIM, band_rows, check_panels
 
 INSTALL_HINT = "the cublas backend needs CuPy (pip install cupy-cuda13x) and a CUDA GPU"
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -99,7 +99,5 @@ class CublasAccumulator:
         return np.ascontiguousarray(self._cupy.asnumpy(self._band(rows)))
 
     def _band(self, rows: tuple[int, int] | None) -> Any:
-        r0, r1 = rows or (0, self.shape[0])
-        if not 0 <= r0 <= r1 <= self.shape[0]:
-            raise ValueError(f"rows {r0}:{r1} outside the accumulator's {self.shape[0]} rows")
+        r0, r1 = band_rows(rows, self.shape[0])
         return self._c[r0:r1]  # whole rows of a C-ordered array: a contiguous view

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels import cuda_fast, cuda_tiled
-from kernels.launch import MAX_DIM, LaunchConfig, check_panels, tiled_launch
+from kernels.launch import MAX_DIM, LaunchConfig, band_rows, check_panels, tiled_launch
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,5 @@ class CudaAccumulator:
         return np.ascontiguousarray(self._band(rows).copy_to_host())
 
     def _band(self, rows: tuple[int, int] | None) -> Any:
-        r0, r1 = rows or (0, self.shape[0])
-        if not 0 <= r0 <= r1 <= self.shape[0]:
-            raise ValueError(f"rows {r0}:{r1} outside the accumulator's {self.shape[0]} rows")
+        r0, r1 = band_rows(rows, self.shape[0])
         return self._c[r0:r1]  # whole rows of a C-ordered array: a contiguous view

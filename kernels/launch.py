@@ -78,6 +78,14 @@ def blocked_launch(m: int, n: int, block_m: int, block_n: int, threads: int) -> 
     return LaunchConfig(grid=grid, block=(threads, 1))
 
 
+def band_rows(rows: tuple[int, int] | None, total: int) -> tuple[int, int]:
+    """(r0, r1) of an accumulator band: ``rows`` checked against ``total`` rows, or them all."""
+    r0, r1 = rows or (0, total)
+    if not 0 <= r0 <= r1 <= total:
+        raise ValueError(f"rows {r0}:{r1} outside the accumulator's {total} rows")
+    return r0, r1
+
+
 def check_panels(
     shape: tuple[int, int], dtype: np.dtype[Any], a: NDArray[Any], b: NDArray[Any]
 ) -> None:
