@@ -48,3 +48,29 @@ def assert_product(out: Any, a: Any, b: Any) -> None:
     scale = np.abs(a).astype("float64") @ np.abs(b).astype("float64") + 1e-30
     rel = np.abs(got.astype(wide) - want) / scale
     assert rel.max(initial=0.0) <= TOLERANCE[str(got.dtype)], rel.max()
+
+
+def cpu_tile_task(
+    a_url: str, b_url: str, out: Path, threads: int = 1, **plan_options: Any
+) -> tuple[Any, Any]:
+    """(plan, TaskSpec) to run tile tasks directly, OUT created: the CPU backend on one worker
+    with ``threads`` threads and 2 GiB, as ``multiply`` would plan and specify it."""
+    from pipeline import io, tasks
+    from pipeline.api import fingerprint
+    from pipeline.plan import plan_matmul
+    from pipeline.spec import StoreSpec
+
+    a, b = io.array_spec(io.open_input(a_url), "A"), io.array_spec(io.open_input(b_url), "B")
+    plan = plan_matmul(
+        a, b, workers=1, threads_per_worker=threads, memory_limit_bytes=2**31, **plan_options
+    )
+    io.create_output(str(out), plan.out.shape, plan.out.chunks, plan.out.dtype, {})
+    spec = tasks.TaskSpec(
+        StoreSpec(a_url, b_url, str(out)),
+        "cpu",
+        plan.compute_dtype,
+        plan.out.dtype,
+        fingerprint(plan),
+        block_shape=plan.block_shape,
+    )
+    return plan, spec

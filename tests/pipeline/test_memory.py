@@ -8,11 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import io, tasks
-from pipeline.api import fingerprint
-from pipeline.plan import plan_matmul
-from pipeline.spec import StoreSpec
-from tests.helpers import random_matrix, write_array
+from pipeline import tasks
+from tests.helpers import cpu_tile_task, random_matrix, write_array
 
 
 @pytest.mark.parametrize(
@@ -30,20 +27,7 @@ def test_task_peak_within_projection(
     rng = np.random.default_rng(0)
     a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (m, k), a_dtype), chunks)
     b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (k, n), b_dtype), chunks[::-1])
-    a, b = io.array_spec(io.open_input(a_url), "A"), io.array_spec(io.open_input(b_url), "B")
-    plan = plan_matmul(
-        a, b, workers=1, threads_per_worker=2, memory_limit_bytes=2**31, cache_fraction=0
-    )
-    out = str(tmp_path / "c.zarr")
-    io.create_output(out, plan.out.shape, plan.out.chunks, plan.out.dtype, {})
-    spec = tasks.TaskSpec(
-        StoreSpec(a_url, b_url, out),
-        "cpu",
-        plan.compute_dtype,
-        plan.out.dtype,
-        fingerprint(plan),
-        block_shape=plan.block_shape,
-    )
+    plan, spec = cpu_tile_task(a_url, b_url, tmp_path / "c.zarr", threads=2, cache_fraction=0)
     tile = max(plan.tiles(), key=lambda t: t.shape[0] * t.shape[1])
     group = plan.k_groups()[0]
     tracemalloc.start()

@@ -13,7 +13,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
-from tests.helpers import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, cpu_tile_task, random_matrix, write_array
 
 
 def tree_digest(path: Path) -> str:
@@ -211,26 +211,14 @@ def test_a_failed_band_write_fails_the_tile_unjournaled(
 ) -> None:
     """A band write that fails (disk full, lost connection) must fail the tile task with that
     error, and leave no journal entry, so --resume recomputes the tile."""
-    from pipeline import io, tasks
-    from pipeline.api import fingerprint
-    from pipeline.plan import plan_matmul, row_bands
-    from pipeline.spec import StoreSpec
+    from pipeline import tasks
+    from pipeline.plan import row_bands
 
     rng = np.random.default_rng(9)
     a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (900, 200), "float32"), (64, 100))
     b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (200, 300), "float32"), (100, 64))
-    a, b = io.array_spec(io.open_input(a_url), "A"), io.array_spec(io.open_input(b_url), "B")
-    plan = plan_matmul(a, b, workers=1, threads_per_worker=1, memory_limit_bytes=2**31)
     out = tmp_path / "c.zarr"
-    io.create_output(str(out), plan.out.shape, plan.out.chunks, plan.out.dtype, {})
-    spec = tasks.TaskSpec(
-        StoreSpec(a_url, b_url, str(out)),
-        "cpu",
-        plan.compute_dtype,
-        plan.out.dtype,
-        fingerprint(plan),
-        block_shape=plan.block_shape,
-    )
+    plan, spec = cpu_tile_task(a_url, b_url, out)
     tile = next(plan.tiles())
     assert len(row_bands(tile.shape[0], plan.block_shape[0])) > 1
 
