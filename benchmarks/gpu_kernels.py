@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline.cli import Parser
+from pipeline.cli import Parser, positive_int
 
 RESULTS = Path(__file__).parent / "results"
 CUBLAS = "cublas"
@@ -75,8 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--sizes", type=_sizes, default=(4096, 8192), help="n of the n x n products (4096,8192)"
     )
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--repeats", type=_positive, default=5, help="timed samples per kernel (5)")
-    parser.add_argument("--launches", type=_positive, default=3, help="launches per sample (3)")
+    parser.add_argument(
+        "--repeats", type=positive_int, default=5, help="timed samples per kernel (5)"
+    )
+    parser.add_argument("--launches", type=positive_int, default=3, help="launches per sample (3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs")
     parser.add_argument(
         "--out", type=Path, default=RESULTS / "gpu_kernels.md", help="Markdown table to write"
@@ -251,16 +253,6 @@ def _sizes(text: str) -> tuple[int, ...]:
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"{text!r}: sizes must be positive")
     return sizes
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
 
 
 if __name__ == "__main__":

@@ -51,7 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver = sub.add_parser("verify", help="exit 0 if C == A @ B within floating-point tolerance")
     for name in ("A", "B", "C"):
         ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
-    ver.add_argument("--rounds", type=_positive_int, default=2, help="random vectors (default 2)")
+    ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
     ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
     _cluster_args(ver)
     ver.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -75,8 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", help="use this running cluster")
-    p.add_argument("--workers", type=_positive_int, help="local worker processes")
-    p.add_argument("--threads-per-worker", type=_positive_int, help="threads per local worker")
+    p.add_argument("--workers", type=positive_int, help="local worker processes")
+    p.add_argument("--threads-per-worker", type=positive_int, help="threads per local worker")
     p.add_argument("--memory-limit", type=_size, metavar="SIZE", help="per worker, e.g. 8GiB")
     p.add_argument(
         "--dashboard-address",
@@ -244,7 +244,8 @@ def _pair(text: str) -> tuple[int, int]:
     return m, n
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
     try:
         value = int(text)
     except ValueError:
