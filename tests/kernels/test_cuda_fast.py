@@ -1,7 +1,7 @@
 """Register-blocked kernels: simulator correctness on ragged and interior shapes, and the generator.
 
-As in test_cuda_tiled: A, B and C are windows into NaN-filled device arrays, so an out-of-bounds
-read (missing zero fill) or write shows up as NaN, and a skipped output keeps its random start.
+Operands are poisoned as in tests/kernels/poisoned.py: an out-of-bounds read (missing zero fill)
+or write shows up as NaN, and a skipped output keeps its random start.
 """
 
 from __future__ import annotations
@@ -11,12 +11,11 @@ from typing import Any
 
 import numpy as np
 import pytest
-from numpy.typing import NDArray
 
 from kernels import cuda_fast, cuda_host
+from tests.kernels.poisoned import assert_matmul_close, run_poisoned
 
 SPECS = {"float32": cuda_fast.F32_SPEC, "float64": cuda_fast.F64_SPEC}
-PAD = 2  # NaN border around every operand
 
 needs_cuda = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
@@ -25,37 +24,10 @@ needs_cuda = pytest.mark.skipif(
 tiny_grid = pytest.mark.filterwarnings("ignore:Grid size .* under-utilization")
 
 
-def assert_matmul_close(got: NDArray[Any], want: NDArray[np.float64], k: int) -> None:
-    """Compare to a float64 reference with a tolerance that grows with the K length."""
-    eps = float(np.finfo(got.dtype).eps)
-    np.testing.assert_allclose(got, want, rtol=8 * eps, atol=8 * eps * max(k, 1) * 4)
-
-
-def run_poisoned(spec: cuda_fast.BlockedSpec, shape: tuple[int, int, int]) -> None:
-    """Launch the kernel on NaN-bordered windows of random A, B, C; check C0 + A @ B, borders."""
-    from numba import cuda
-
-    m, k, n = shape
-    dtype = np.dtype(spec.dtype)
-    rng = np.random.default_rng(m * 10_000 + k * 100 + n)
-
-    def bordered(rows: int, cols: int) -> NDArray[Any]:
-        arr = np.full((rows + 2 * PAD, cols + 2 * PAD), np.nan, dtype=dtype)
-        arr[PAD : PAD + rows, PAD : PAD + cols] = rng.standard_normal((rows, cols))
-        return arr
-
-    a, b, c = bordered(m, k), bordered(k, n), bordered(m, n)
-    d_a, d_b, d_c = cuda.to_device(a), cuda.to_device(b), cuda.to_device(c)
-    inner = (slice(PAD, -PAD), slice(PAD, -PAD))
-    cfg = cuda_fast.launch_for(spec, m, n)
-    kernel = cuda.jit(cuda_fast.make_blocked_kernel(spec))
-    kernel[cfg.grid, cfg.block](d_a[inner], d_b[inner], d_c[inner])
-    out = d_c.copy_to_host()
-    want = c[inner].astype(np.float64) + a[inner].astype(np.float64) @ b[inner]
-    assert_matmul_close(out[inner], want, k)
-    border = np.ones(out.shape, dtype=bool)
-    border[inner] = False
-    assert np.isnan(out[border]).all(), "kernel wrote outside C"
+def run_poisoned_spec(spec: cuda_fast.BlockedSpec, shape: tuple[int, int, int]) -> None:
+    m, _, n = shape
+    kernel = cuda_fast.make_blocked_kernel(spec)
+    run_poisoned(kernel, cuda_fast.launch_for(spec, m, n), shape, np.dtype(spec.dtype))
 
 
 @needs_cuda
@@ -72,7 +44,7 @@ def run_poisoned(spec: cuda_fast.BlockedSpec, shape: tuple[int, int, int]) -> No
     ],
 )
 def test_blocked_kernel_ragged(dtype: str, shape: tuple[int, int, int]) -> None:
-    run_poisoned(SPECS[dtype], shape)
+    run_poisoned_spec(SPECS[dtype], shape)
 
 
 @needs_cuda
@@ -87,7 +59,7 @@ def test_blocked_kernel_ragged(dtype: str, shape: tuple[int, int, int]) -> None:
     ],
 )
 def test_blocked_kernel_interior_path(dtype: str, shape: tuple[int, int, int]) -> None:
-    run_poisoned(SPECS[dtype], shape)
+    run_poisoned_spec(SPECS[dtype], shape)
 
 
 @needs_cuda
@@ -96,7 +68,7 @@ def test_blocked_kernel_interior_path(dtype: str, shape: tuple[int, int, int]) -
 def test_blocked_kernel_mixed_grid(dtype: str) -> None:
     """A 2 x 2 grid of blocks of which only one is full, several K tiles."""
     spec = SPECS[dtype]
-    run_poisoned(spec, (spec.block_m + 9, 45, spec.block_n + 3))
+    run_poisoned_spec(spec, (spec.block_m + 9, 45, spec.block_n + 3))
 
 
 @needs_cuda

@@ -1,21 +1,16 @@
-"""Seed-fixed tiled kernel and CudaAccumulator, run in the Numba CUDA simulator.
-
-The kernel accumulates (C += A @ B), so "poison" here means: A, B and C are windows into larger
-NaN-filled device arrays. A read outside A or B (a missing zero fill) or a write outside C turns
-into NaN; an element the kernel skipped keeps its random start value and fails the comparison.
-"""
+"""Seed-fixed tiled kernel and CudaAccumulator, run in the Numba CUDA simulator on poisoned
+operands (see tests/kernels/poisoned.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from numpy.typing import NDArray
 
 from kernels import cuda_host, cuda_tiled
-from kernels.launch import LaunchConfig, tiled_launch
+from kernels.launch import tiled_launch
+from tests.kernels.poisoned import assert_matmul_close, run_poisoned
 
 pytestmark = [
     pytest.mark.skipif(
@@ -26,39 +21,6 @@ pytestmark = [
 ]
 
 DTYPES = [np.float32, np.float64]
-PAD = 2  # NaN border around every operand
-
-
-def assert_matmul_close(got: NDArray[Any], want: NDArray[np.float64], k: int) -> None:
-    """Compare to a float64 reference with a tolerance that grows with the K length."""
-    eps = float(np.finfo(got.dtype).eps)
-    np.testing.assert_allclose(got, want, rtol=8 * eps, atol=8 * eps * max(k, 1) * 4)
-
-
-def run_poisoned(
-    kernel: Callable[..., None], cfg: LaunchConfig, shape: tuple[int, int, int], dtype: type
-) -> None:
-    """Launch `kernel` on NaN-bordered windows of random A, B, C; check C0 + A @ B, borders."""
-    from numba import cuda
-
-    m, k, n = shape
-    rng = np.random.default_rng(m * 10_000 + k * 100 + n)
-
-    def bordered(rows: int, cols: int) -> NDArray[Any]:
-        arr = np.full((rows + 2 * PAD, cols + 2 * PAD), np.nan, dtype=dtype)
-        arr[PAD : PAD + rows, PAD : PAD + cols] = rng.standard_normal((rows, cols))
-        return arr
-
-    a, b, c = bordered(m, k), bordered(k, n), bordered(m, n)
-    d_a, d_b, d_c = cuda.to_device(a), cuda.to_device(b), cuda.to_device(c)
-    inner = (slice(PAD, -PAD), slice(PAD, -PAD))
-    cuda.jit(kernel)[cfg.grid, cfg.block](d_a[inner], d_b[inner], d_c[inner])
-    out = d_c.copy_to_host()
-    want = c[inner].astype(np.float64) + a[inner].astype(np.float64) @ b[inner]
-    assert_matmul_close(out[inner], want, k)
-    border = np.ones(out.shape, dtype=bool)
-    border[inner] = False
-    assert np.isnan(out[border]).all(), "kernel wrote outside C"
 
 
 @pytest.fixture
