@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zarr
+
+REPO = Path(__file__).resolve().parents[1]
 
 TOLERANCE = {
     "float16": 1e-2,
@@ -16,6 +21,28 @@ TOLERANCE = {
     "complex128": 1e-11,
 }
 """Relative error allowed against float64 numpy, scaled by |A|·|B|."""
+
+
+def run_cli(
+    *args: str,
+    module: str = "pipeline",
+    env: dict[str, str | None] | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m module args`` from this checkout; ``env`` changes the environment (None
+    unsets a variable)."""
+    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
+    environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
+    )
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=timeout,
+        check=False,
+    )
 
 
 def write_array(

@@ -3,8 +3,6 @@ numpy-backed fake CuPy, the real thing on a GPU, and benchmarks.gpu_kernels' CPU
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import types
 from pathlib import Path
@@ -18,23 +16,11 @@ from kernels.cublas import CublasAccumulator, CublasUnavailableError, cublas_ava
 from pipeline import multiply
 from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.execute import resolve_backend
-from tests.helpers import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
-ROOT = Path(__file__).resolve().parents[2]
 FIX = r"needs CuPy \(pip install cupy-cuda13x\) and a CUDA GPU"
 
 no_cublas = pytest.mark.skipif(cublas_available(), reason="CuPy and a GPU are present here")
-
-
-def run_module(module: str, *args: str, env: dict[str, str] | None = None) -> Any:
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", module, *args],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=environ,
-    )
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -97,10 +83,10 @@ def test_cli_cublas_without_cupy_exits_2_with_the_fix(tmp_path: Path) -> None:
     a = write_array(tmp_path / "a.zarr", random_matrix(rng, (6, 5), "float32"), (3, 5))
     b = write_array(tmp_path / "b.zarr", random_matrix(rng, (5, 4), "float32"), (5, 2))
     out = tmp_path / "c.zarr"
-    done = run_module(
-        "pipeline", "multiply", a, b, str(out), "--backend", "cublas",
+    done = run_cli(
+        "multiply", a, b, str(out), "--backend", "cublas",
         "--workers", "1", "--threads-per-worker", "1", "--no-progress",
-        "--dashboard-address", "127.0.0.1:0",
+        "--dashboard-address", "127.0.0.1:0", timeout=300,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     (line,) = error_lines(done.stderr)
@@ -219,7 +205,7 @@ def test_cublas_on_a_gpu(m: int, n: int, widths: list[int], dtype: str) -> None:
 
 
 def test_benchmark_help_says_it_needs_a_gpu() -> None:
-    done = run_module("benchmarks.gpu_kernels", "--help")
+    done = run_cli("--help", module="benchmarks.gpu_kernels", timeout=300)
     assert done.returncode == 0, done.stderr
     text = " ".join(done.stdout.split())
     assert "needs a CUDA GPU" in text and "CuPy" in text and "cannot run on CPU-only" in text
@@ -228,13 +214,8 @@ def test_benchmark_help_says_it_needs_a_gpu() -> None:
 
 @no_cublas
 def test_benchmark_without_a_gpu_exits_2() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
-    done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_kernels", "--sizes", "64"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**env, "PYTHONPATH": str(ROOT)},
+    done = run_cli(
+        "--sizes", "64", module="benchmarks.gpu_kernels", env={"NUMBA_ENABLE_CUDASIM": None}
     )
     assert done.returncode == 2
     (line,) = done.stderr.splitlines()

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,28 +23,9 @@ import pytest
 import zarr
 
 from cluster.start import CONNECT_TIMEOUT_S
-from tests.helpers import assert_product, random_matrix, write_array
+from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
-REPO = Path(__file__).resolve().parents[2]
 CLUSTER = ("--dashboard-address", "127.0.0.1:0", "--no-progress")
-
-
-def run_cli(
-    *args: str, env: dict[str, str | None] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """The CLI with `env` changes to the environment (None: unset)."""
-    environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
-    environ["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        env=environ,
-        timeout=120,
-        check=False,
-    )
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -8,9 +8,7 @@ numbers or paths, no traceback, and leaves every byte under the test's directory
 from __future__ import annotations
 
 import hashlib
-import os
 import subprocess
-import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,27 +18,13 @@ import pytest
 import zarr
 
 from pipeline import io
-from tests.helpers import random_matrix, write_array
+from tests.helpers import random_matrix, run_cli, write_array
 
-REPO = Path(__file__).resolve().parents[2]
 FAST_CLUSTER = (
     *("--workers", "1", "--threads-per-worker", "1"),
     *("--dashboard-address", "127.0.0.1:0", "--no-progress"),
 )
 """Options of the commands that do start a local cluster: small, and on a free port."""
-
-
-def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
 
 
 def tree_digest(root: Path) -> dict[str, str]:
