@@ -154,9 +154,9 @@ def _cublas(cupy: Any, a: NDArray[Any], b: NDArray[Any]) -> Contender:
 
 def _numba(cuda: Any, variant: Any, a: NDArray[Any], b: NDArray[Any]) -> Contender:
     # The backend's own compile path (cached): the same launch bounds the backend uses.
-    from kernels.cuda_host import _jit
+    from kernels.cuda_host import jit_kernel
 
-    kernel = _jit(variant.make_kernel(), variant.launch_bounds)
+    kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
     m, n = a.shape[0], b.shape[1]
     cfg = variant.launch(m, n)
     d_a, d_b = cuda.to_device(a), cuda.to_device(b)

@@ -1,6 +1,24 @@
-"""Start a local cluster (LocalCUDACluster or LocalCluster) or connect to an existing one."""
+"""Start a local cluster (LocalCUDACluster or LocalCluster) or connect to an existing one.
 
-from cluster.spec import ClusterSpec, local_cluster_options
-from cluster.start import connect, count_gpus, start
+Lazy (PEP 562): ``import cluster.spec`` stays pure; distributed loads with ``cluster.lifecycle``.
+"""
 
-__all__ = ["ClusterSpec", "connect", "count_gpus", "local_cluster_options", "start"]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ClusterSpec": "cluster.spec",
+    "local_cluster_options": "cluster.spec",
+    "connect": "cluster.lifecycle",
+    "count_gpus": "cluster.lifecycle",
+    "start": "cluster.lifecycle",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'cluster' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

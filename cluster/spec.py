@@ -14,18 +14,21 @@ class ClusterSpec:
     """Local worker processes; None means one per GPU, or one on a CPU-only machine."""
     threads_per_worker: int | None = None
     """None means 1 per GPU worker, or every core on the CPU worker."""
-    memory_limit_bytes: int | None = None
-    """Per worker, in bytes; None lets distributed split the machine's memory."""
     dashboard_address: str = "127.0.0.1:8787"
 
 
-def local_cluster_options(spec: ClusterSpec, gpus: int, cpus: int) -> tuple[str, dict[str, Any]]:
-    """("cuda" | "cpu", keyword arguments for LocalCUDACluster | LocalCluster)."""
+def local_cluster_options(
+    spec: ClusterSpec, gpus: int, cpus: int, memory_limit_bytes: int | None = None
+) -> tuple[str, dict[str, Any]]:
+    """("cuda" | "cpu", keyword arguments for LocalCUDACluster | LocalCluster).
+
+    ``memory_limit_bytes`` is per worker; None lets distributed split the machine's memory.
+    """
     common: dict[str, Any] = {
         "host": "127.0.0.1",
         "dashboard_address": spec.dashboard_address,
         "worker_dashboard_address": "127.0.0.1:0",
-        "memory_limit": spec.memory_limit_bytes or "auto",
+        "memory_limit": memory_limit_bytes or "auto",
     }
     if gpus > 0:
         workers = min(spec.workers or gpus, gpus)  # one worker per GPU, never more

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.backends import GPU_DTYPES
 from kernels.launch import MAX_DIM, band_rows, check_panels
 
 INSTALL_HINT = "the cublas backend needs CuPy (pip install cupy-cuda13x) and a CUDA GPU"
-DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
-"""Largest m, n or panel width: cublas<t>gemm takes 32-bit int sizes."""
+DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)
 
 
 class CublasUnavailableError(RuntimeError):

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels import cuda_fast, cuda_tiled
+from kernels import cuda_blocked, cuda_tiled
 from kernels.launch import MAX_DIM, LaunchConfig, band_rows, check_panels, tiled_launch
 
 
@@ -49,12 +49,12 @@ def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
     )
 
 
-def _blocked_variant(spec: cuda_fast.BlockedSpec, default: bool) -> KernelVariant:
+def _blocked_variant(spec: cuda_blocked.BlockedSpec, default: bool) -> KernelVariant:
     return KernelVariant(
         name=f"blocked_{spec.dtype}",
         dtype=np.dtype(spec.dtype),
-        make_kernel=lambda: cuda_fast.make_blocked_kernel(spec),
-        launch=lambda m, n: cuda_fast.launch_for(spec, m, n),
+        make_kernel=lambda: cuda_blocked.make_blocked_kernel(spec),
+        launch=lambda m, n: cuda_blocked.launch_for(spec, m, n),
         default=default,
         launch_bounds=spec.launch_bounds,
     )
@@ -65,8 +65,8 @@ VARIANTS: dict[str, KernelVariant] = {
     for v in (
         _tiled_variant(np.float32, default=False),
         _tiled_variant(np.float64, default=False),
-        _blocked_variant(cuda_fast.F32_SPEC, default=True),
-        _blocked_variant(cuda_fast.F64_SPEC, default=True),
+        _blocked_variant(cuda_blocked.F32_SPEC, default=True),
+        _blocked_variant(cuda_blocked.F64_SPEC, default=True),
     )
 }
 
@@ -100,7 +100,7 @@ def _simulated() -> bool:
 
 
 @functools.cache
-def _jit(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
+def jit_kernel(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
     from numba import config, cuda
 
     if launch_bounds is None or config.ENABLE_CUDASIM:  # the simulator's jit has no bounds
@@ -120,7 +120,7 @@ class CudaAccumulator:
             raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
         self.shape = (m, n)
         self.variant = self._select(variant)
-        self._kernel = _jit(self.variant.make_kernel(), self.variant.launch_bounds)
+        self._kernel = jit_kernel(self.variant.make_kernel(), self.variant.launch_bounds)
         self._c = cuda.to_device(np.zeros(self.shape, dtype=self.dtype))
 
     def _select(self, name: str | None) -> KernelVariant:

@@ -1,7 +1,7 @@
 """The seed-fixed tiled kernel: the numba docs' shared-memory matmul with its bugs fixed.
 
 One thread per output element, TILE x TILE blocks, square A and B tiles staged in shared memory.
-It is the readable reference; `cuda_fast` holds the register-blocked default.
+It is the readable reference; `cuda_blocked` holds the register-blocked default.
 
 Fixes against the docs example: loads are bounds-checked and zero-filled (ragged shapes), there is
 no early return (every thread reaches every barrier), the K loop runs ceil(K / TILE) times from K
@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from kernels.backends import GPU_DTYPES
+
 TILE = 16
 """Tile edge in elements (threads per block = TILE**2). Read at call time: tests lower it."""
 
-FLOAT_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+FLOAT_DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)
 
 # numba.cuda, bound on first use: kernels must see it as a module global, because the simulator
 # swaps in its fake module by rewriting globals (closures would keep the real one).

@@ -1,7 +1,29 @@
-"""Zarr → Dask tiles → GPU (Numba CUDA) or CPU (BLAS) kernels → Zarr matrix multiply."""
+"""Zarr → Dask tiles → GPU (Numba CUDA) or CPU (BLAS) kernels → Zarr matrix multiply.
 
-from pipeline.api import MultiplyResult, multiply
-from pipeline.errors import PipelineError
-from pipeline.verify import VerifyResult, verify_product
+    plan (pipeline.plan, pure) → run (pipeline.run: client side, worker side) → kernels
+    store (pipeline.store: the inputs read-only, the output's one owner)
 
-__all__ = ["MultiplyResult", "PipelineError", "VerifyResult", "multiply", "verify_product"]
+The package's face is lazy (PEP 562): ``import pipeline.plan`` loads no dask or zarr.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "MatmulJob": "pipeline.job",
+    "MultiplyResult": "pipeline.job",
+    "PipelineError": "pipeline.errors",
+    "VerifyResult": "pipeline.verify",
+    "multiply": "pipeline.api",
+    "prepare": "pipeline.api",
+    "verify_product": "pipeline.verify",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'pipeline' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -7,9 +7,10 @@ import logging
 import sys
 from typing import Any, NoReturn
 
-from cluster import ClusterSpec
+from cluster.spec import ClusterSpec
+from kernels.backends import CHOICES
 from pipeline.errors import PipelineError, UsageError
-from pipeline.units import format_bytes, parse_size
+from pipeline.plan.units import format_bytes, parse_size
 
 log = logging.getLogger("pipeline")
 
@@ -35,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
     mul.add_argument(
         "--backend",
-        choices=("auto", "cuda", "cpu", "cublas"),
+        choices=CHOICES,
         default="auto",
         help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
     )
@@ -96,6 +97,9 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command != "random":
+        # distributed sets its loggers' levels when imported: import it first so ours stick.
+        import distributed  # noqa: F401
     logging.basicConfig(
         level=logging.DEBUG if args.debug else logging.INFO, format="%(message)s", stream=sys.stderr
     )
@@ -125,25 +129,32 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_multiply(args: argparse.Namespace) -> int:
-    from pipeline.api import multiply
-    from pipeline.report import format_plan, format_summary
+    from pipeline.api import prepare
+    from pipeline.report import format_summary
 
-    options = parse_storage_options(args.storage_option)
-    common: dict[str, Any] = {
-        "backend": args.backend,
-        "memory_limit": args.memory_limit,
-        "overwrite": args.overwrite,
-        "resume": args.resume,
-        "verify": args.verify,
-        "storage_options": options,
-        "progress": not args.no_progress and sys.stderr.isatty(),
-        "cluster": _spec(args),
-    }
+    job = prepare(
+        args.a,
+        args.b,
+        args.out,
+        backend=args.backend,
+        memory_limit=args.memory_limit,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        verify=args.verify,
+        storage_options=parse_storage_options(args.storage_option),
+        progress=not args.no_progress and sys.stderr.isatty(),
+        cluster=_spec(args),
+        report=args.report,
+    )
     if args.dry_run:
-        result = multiply(args.a, args.b, args.out, dry_run=True, **common)
-        print(format_plan(result.plan))
+        if args.scheduler:  # plan for the cluster at hand
+            from cluster import start
+
+            with start(job.options.cluster) as client:
+                job = job.for_cluster(client)
+        print(job.describe())
         return 0
-    result = multiply(args.a, args.b, args.out, report=args.report, **common)
+    result = job.execute()
     print(format_summary(result))
     if result.verified is False:
         print(
@@ -161,7 +172,7 @@ def run_verify(args: argparse.Namespace) -> int:
 
     options = parse_storage_options(args.storage_option)
     check_shapes(args.a, args.b, args.c, options)  # refuse before starting a cluster
-    with start(_spec(args)) as client:
+    with start(_spec(args), args.memory_limit) as client:
         result = verify_product(
             client,
             args.a,
@@ -228,7 +239,6 @@ def _spec(args: argparse.Namespace) -> ClusterSpec:
         scheduler=args.scheduler,
         workers=args.workers,
         threads_per_worker=args.threads_per_worker,
-        memory_limit_bytes=args.memory_limit,
         dashboard_address=args.dashboard_address,
     )
 

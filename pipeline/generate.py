@@ -8,8 +8,9 @@ from typing import Any
 import numpy as np
 import zarr
 
-from pipeline import io
 from pipeline.errors import InputError, OutputExistsError, UsageError
+from pipeline.store.fs import fsspec_options
+from pipeline.store.output import ATTRS_KEY, Output
 
 
 def write_random(
@@ -31,7 +32,7 @@ def write_random(
         raise InputError(f"--dtype {dtype} is not a numeric dtype; use e.g. float32 or float64")
     if min(chunks) < 1:
         raise UsageError(f"--chunks {chunks[0]}x{chunks[1]} must be at least 1x1")
-    if io.output_state(url, storage_options) is not None and not overwrite:
+    if Output(url, dict(storage_options or {})).state() is not None and not overwrite:
         raise OutputExistsError(f"{url} already exists; pass --overwrite to replace it")
     array = zarr.create_array(
         url,
@@ -40,8 +41,8 @@ def write_random(
         dtype=dt,
         zarr_format=3,
         overwrite=overwrite,
-        attributes={io.ATTRS_KEY: {"generated": {"seed": seed}}},
-        storage_options=io._options(url, storage_options),
+        attributes={ATTRS_KEY: {"generated": {"seed": seed}}},
+        storage_options=fsspec_options(url, storage_options),
     )
     starts = [(i, j) for i in range(0, shape[0], chunks[0]) for j in range(0, shape[1], chunks[1])]
 

@@ -10,7 +10,7 @@ import sys
 import time
 from typing import TextIO
 
-from pipeline.units import format_bytes
+from pipeline.plan.units import format_bytes
 
 
 class ProgressLine:

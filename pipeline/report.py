@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
-from pipeline.units import format_bytes
+from pipeline.plan.units import format_bytes
 
 if TYPE_CHECKING:
-    from pipeline.api import MultiplyResult
+    from pipeline.job import MultiplyResult
 
 
 def format_plan(plan: MatmulPlan) -> str:

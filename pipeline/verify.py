@@ -30,10 +30,10 @@ import numpy as np
 from distributed import Client, Future, wait
 from numpy.typing import NDArray
 
-from pipeline import io
 from pipeline.errors import InputError, JobError
 from pipeline.plan import result_dtype
-from pipeline.spec import ArraySpec
+from pipeline.plan.spec import ArraySpec
+from pipeline.store import inputs as io
 
 TAU = 6.0
 """Tail factor: a Gaussian residual exceeds 6 standard deviations about once in 10⁹ rows."""

@@ -82,17 +82,18 @@ def cpu_tile_task(
 ) -> tuple[Any, Any]:
     """(plan, TaskSpec) to run tile tasks directly, OUT created: the CPU backend on one worker
     with ``threads`` threads and 2 GiB, as ``multiply`` would plan and specify it."""
-    from pipeline import io, tasks
-    from pipeline.api import fingerprint
-    from pipeline.plan import plan_matmul
-    from pipeline.spec import StoreSpec
+    from pipeline.job import fingerprint
+    from pipeline.plan import StoreSpec, plan_matmul
+    from pipeline.run.worker import TaskSpec
+    from pipeline.store.inputs import array_spec, open_input
+    from pipeline.store.output import Output
 
-    a, b = io.array_spec(io.open_input(a_url), "A"), io.array_spec(io.open_input(b_url), "B")
+    a, b = array_spec(open_input(a_url), "A"), array_spec(open_input(b_url), "B")
     plan = plan_matmul(
         a, b, workers=1, threads_per_worker=threads, memory_limit_bytes=2**31, **plan_options
     )
-    io.create_output(str(out), plan.out.shape, plan.out.chunks, plan.out.dtype, {})
-    spec = tasks.TaskSpec(
+    Output(str(out)).create(plan.out.shape, plan.out.chunks, plan.out.dtype, {})
+    spec = TaskSpec(
         StoreSpec(a_url, b_url, str(out)),
         "cpu",
         plan.compute_dtype,

@@ -53,18 +53,18 @@ def test_workers_and_threads(
 
 
 @pytest.mark.parametrize(
-    ("spec", "gpus", "want"),
+    ("limit", "gpus", "want"),
     [
         # default: let distributed split the host's memory
-        (ClusterSpec(), 0, "auto"),
-        (ClusterSpec(), 2, "auto"),
+        (None, 0, "auto"),
+        (None, 2, "auto"),
         # bytes passed through unchanged, CPU and GPU
-        (ClusterSpec(memory_limit_bytes=4 * GiB), 0, 4 * GiB),
-        (ClusterSpec(memory_limit_bytes=123_456_789), 2, 123_456_789),
+        (4 * GiB, 0, 4 * GiB),
+        (123_456_789, 2, 123_456_789),
     ],
 )
-def test_memory_limit_passthrough(spec: ClusterSpec, gpus: int, want: Any) -> None:
-    _, options = local_cluster_options(spec, gpus, 8)
+def test_memory_limit_passthrough(limit: int | None, gpus: int, want: Any) -> None:
+    _, options = local_cluster_options(ClusterSpec(), gpus, 8, limit)
     assert options["memory_limit"] == want
 
 

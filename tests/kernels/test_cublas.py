@@ -15,7 +15,7 @@ from kernels import make_accumulator, probe_devices
 from kernels.cublas import CublasAccumulator, CublasUnavailableError, cublas_available
 from pipeline import multiply
 from pipeline.errors import BackendUnavailableError, UsageError
-from pipeline.execute import resolve_backend
+from pipeline.run.client import resolve_backend
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 FIX = r"needs CuPy \(pip install cupy-cuda13x\) and a CUDA GPU"
@@ -37,7 +37,7 @@ def test_accumulator_without_cupy_names_the_fix() -> None:
 @no_cublas
 def test_probe_reports_cublas_only_when_asked() -> None:
     assert "cublas" not in probe_devices()
-    assert probe_devices(need_cublas=True)["cublas"] is False
+    assert probe_devices("cublas")["cublas"] is False
 
 
 class FakeClient:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import zarr
 
-from cluster.start import CONNECT_TIMEOUT_S
+from cluster.lifecycle import CONNECT_TIMEOUT_S
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 CLUSTER = ("--dashboard-address", "127.0.0.1:0", "--no-progress")

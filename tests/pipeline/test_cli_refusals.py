@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import io
+from pipeline.store.output import Output
 from tests.helpers import random_matrix, run_cli, write_array
 
 FAST_CLUSTER = (
@@ -93,7 +93,7 @@ def world(tmp_path: Path) -> World:
     zarr.create_group(w.group).create_array("x", shape=(4, 5), dtype="float32")
     Path(w.plain).write_text("not an array\n")
     Path(w.empty).mkdir()
-    io.create_output(w.ours, (6, 5), (3, 5), "float32", {"complete": True})
+    Output(w.ours).create((6, 5), (3, 5), "float32", {"complete": True})
     Path(w.link_to_a).symlink_to(w.a, target_is_directory=True)
     Path(w.foreign_dir).mkdir()
     (Path(w.foreign_dir) / "thesis.tex").write_text("irreplaceable\n")

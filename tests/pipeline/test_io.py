@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import io
 from pipeline.errors import UsageError
+from pipeline.store.inputs import open_input
+from pipeline.store.output import Output, output_compressors
 
 
 @pytest.mark.parametrize(
@@ -25,7 +26,7 @@ from pipeline.errors import UsageError
 )
 def test_output_codec(tmp_path: Path, setting: str, dtype: str, codec: str | None) -> None:
     with dask.config.set({"tilegemm.output-compressor": setting}):
-        array = io.create_output(str(tmp_path / "c.zarr"), (10, 10), (5, 5), dtype, {})
+        array = Output(str(tmp_path / "c.zarr")).create((10, 10), (5, 5), dtype, {})
     names = [type(c).__name__.lower() for c in array.compressors]
     assert (names == []) if codec is None else any(codec in n for n in names), names
 
@@ -35,11 +36,11 @@ def test_bad_codec_setting_is_a_usage_error() -> None:
         dask.config.set({"tilegemm.output-compressor": "brotli"}),
         pytest.raises(UsageError, match="use auto, none, lz4 or zstd"),
     ):
-        io.output_compressors("float32")
+        output_compressors("float32")
 
 
 def test_inputs_are_opened_read_only(tmp_path: Path) -> None:
     zarr.create_array(str(tmp_path / "a.zarr"), data=np.ones((4, 4)), chunks=(2, 2))
-    array = io.open_input(str(tmp_path / "a.zarr"))
+    array = open_input(str(tmp_path / "a.zarr"))
     with pytest.raises(ValueError, match="read-only"):
         array[0, 0] = 5

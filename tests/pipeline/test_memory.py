@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline import tasks
+from pipeline.run import worker
 from tests.helpers import cpu_tile_task, random_matrix, write_array
 
 
@@ -33,9 +33,9 @@ def test_task_peak_within_projection(
     tracemalloc.start()
     try:
         if plan.split_k == 1:
-            tasks.tile_product_write(spec, tile, group)
+            worker.tile_product_write(spec, tile, group)
         else:
-            tasks.tile_product(spec, tile, group)
+            worker.tile_product(spec, tile, group)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()

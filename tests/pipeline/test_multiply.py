@@ -211,8 +211,9 @@ def test_a_failed_band_write_fails_the_tile_unjournaled(
 ) -> None:
     """A band write that fails (disk full, lost connection) must fail the tile task with that
     error, and leave no journal entry, so --resume recomputes the tile."""
-    from pipeline import tasks
     from pipeline.plan import row_bands
+    from pipeline.run import worker
+    from pipeline.store.output import Output
 
     rng = np.random.default_rng(9)
     a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (900, 200), "float32"), (64, 100))
@@ -230,7 +231,7 @@ def test_a_failed_band_write_fails_the_tile_unjournaled(
             if FailsSecondBand.calls == 2:
                 raise OSError("No space left on device")
 
-    monkeypatch.setattr(tasks, "_output", lambda spec: FailsSecondBand())
+    monkeypatch.setattr(Output, "writable", lambda self, token: FailsSecondBand())
     with pytest.raises(OSError, match="No space left"):
-        tasks.tile_product_write(spec, tile, plan.k_groups()[0])
+        worker.tile_product_write(spec, tile, plan.k_groups()[0])
     assert not (out / "journal").exists() or not any((out / "journal").iterdir())

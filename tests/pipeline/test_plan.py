@@ -13,13 +13,13 @@ from pipeline.errors import InputError, MemoryBudgetError, UsageError
 from pipeline.plan import (
     MIN_TASKS,
     WORKER_OVERHEAD_BYTES,
+    ArraySpec,
     gemm_block,
+    parse_size,
     plan_k_panels,
     plan_matmul,
     result_dtype,
 )
-from pipeline.spec import ArraySpec
-from pipeline.units import parse_size
 
 GiB = 2**30
 

@@ -12,10 +12,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import cuda_fast, cuda_host
+from kernels import cuda_blocked, cuda_host
 from tests.kernels.poisoned import assert_matmul_close, run_poisoned
 
-SPECS = {"float32": cuda_fast.F32_SPEC, "float64": cuda_fast.F64_SPEC}
+SPECS = {"float32": cuda_blocked.F32_SPEC, "float64": cuda_blocked.F64_SPEC}
 
 needs_cuda = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
@@ -24,10 +24,10 @@ needs_cuda = pytest.mark.skipif(
 tiny_grid = pytest.mark.filterwarnings("ignore:Grid size .* under-utilization")
 
 
-def run_poisoned_spec(spec: cuda_fast.BlockedSpec, shape: tuple[int, int, int]) -> None:
+def run_poisoned_spec(spec: cuda_blocked.BlockedSpec, shape: tuple[int, int, int]) -> None:
     m, _, n = shape
-    kernel = cuda_fast.make_blocked_kernel(spec)
-    run_poisoned(kernel, cuda_fast.launch_for(spec, m, n), shape, np.dtype(spec.dtype))
+    kernel = cuda_blocked.make_blocked_kernel(spec)
+    run_poisoned(kernel, cuda_blocked.launch_for(spec, m, n), shape, np.dtype(spec.dtype))
 
 
 @needs_cuda
@@ -117,9 +117,9 @@ def test_accumulator_bands_give_the_bytes_of_whole_calls(dtype: str) -> None:
         banded.add(a2[:8], b2, rows=(64, 72))
 
 
-@pytest.mark.parametrize("spec", [cuda_fast.F32_SPEC, cuda_fast.F64_SPEC], ids=["f32", "f64"])
-def test_generated_source_shape(spec: cuda_fast.BlockedSpec) -> None:
-    src = cuda_fast.generate_source(spec)
+@pytest.mark.parametrize("spec", [cuda_blocked.F32_SPEC, cuda_blocked.F64_SPEC], ids=["f32", "f64"])
+def test_generated_source_shape(spec: cuda_blocked.BlockedSpec) -> None:
+    src = cuda_blocked.generate_source(spec)
     compile(src, "<generated>", "exec")  # valid Python
     outputs = (2 * spec.frag) ** 2
     assert src.count(" = zero\n") >= outputs  # typed accumulators
@@ -131,8 +131,8 @@ def test_generated_source_shape(spec: cuda_fast.BlockedSpec) -> None:
 
 
 def test_bad_generator_options_show_in_source() -> None:
-    spec = dataclasses.replace(cuda_fast.F32_SPEC, index_math="divmod", acc_init="float64")
-    src = cuda_fast.generate_source(spec)
+    spec = dataclasses.replace(cuda_blocked.F32_SPEC, index_math="divmod", acc_init="float64")
+    src = cuda_blocked.generate_source(spec)
     assert "(tid // 16)" in src and "(tid % 16)" in src
     assert "c0_0 = 0.0" in src
 
@@ -148,10 +148,10 @@ def test_bad_generator_options_show_in_source() -> None:
 )
 def test_spec_validation(changes: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
-        dataclasses.replace(cuda_fast.F32_SPEC, **changes)
+        dataclasses.replace(cuda_blocked.F32_SPEC, **changes)
 
 
 def test_specs_fit_the_targets_on_paper() -> None:
-    assert cuda_fast.F32_SPEC.shared_bytes <= 48 * 1024
-    assert cuda_fast.F64_SPEC.shared_bytes <= 48 * 1024
-    assert cuda_fast.F32_SPEC.launch_bounds == (256, 2)  # 65536 / 512 = 128 registers
+    assert cuda_blocked.F32_SPEC.shared_bytes <= 48 * 1024
+    assert cuda_blocked.F64_SPEC.shared_bytes <= 48 * 1024
+    assert cuda_blocked.F32_SPEC.launch_bounds == (256, 2)  # 65536 / 512 = 128 registers

@@ -17,19 +17,20 @@ from typing import Any
 
 import pytest
 
-from kernels import inspect as ki
+from kernels import machine_code as ki
+from kernels import sass
 
 REPO = Path(__file__).resolve().parents[2]
 
 BAD_KERNELS = """
 import dataclasses, json, sys
 from pathlib import Path
-from kernels import cuda_fast, inspect as ki
+from kernels import cuda_blocked, machine_code as ki
 reports = []
 for name, change in [("bad_acc_float64", {"acc_init": "float64"}),
                      ("bad_divmod_index", {"index_math": "divmod"})]:
-    spec = dataclasses.replace(cuda_fast.F32_SPEC, **change)
-    kernel = cuda_fast.make_blocked_kernel(spec)
+    spec = dataclasses.replace(cuda_blocked.F32_SPEC, **change)
+    kernel = cuda_blocked.make_blocked_kernel(spec)
     reports.append(ki.inspect_kernel(name, "float32", kernel, (9, 0), Path(sys.argv[1]),
                                      spec.launch_bounds))
 print(json.dumps(reports))
@@ -78,7 +79,7 @@ def test_cli_lists_every_variant(reports: dict[str, Any]) -> None:
 def test_default_kernel_meets_static_targets(reports: dict[str, Any], dtype: str) -> None:
     """The gate. Calibrated on the toolchain in the message; other versions may move numbers."""
     (r,) = (r for r in _defaults(reports) if r["dtype"] == dtype)
-    target = ki.TARGETS[dtype]
+    target = sass.TARGETS[dtype]
     context = f"{r['name']} on {ki.toolchain_versions()}: {r}"
     assert r["targets_missed"] == [], context
     assert r["spill_bytes"] == 0 and r["local_bytes"] == 0, context
@@ -102,10 +103,10 @@ def test_default_ptx_assembles_independently(reports: dict[str, Any]) -> None:
         text=True,
         check=True,
     )
-    sass = subprocess.run(
+    text = subprocess.run(
         [ki.find_tool("cuobjdump"), "-sass", cubin], capture_output=True, text=True, check=True
     ).stdout
-    again = ki.analyse(ptxas.stderr + ptxas.stdout, sass, "float32")
+    again = sass.analyse(ptxas.stderr + ptxas.stdout, text, "float32")
     assert {k: r[k] for k in again} == again
 
 
@@ -177,35 +178,35 @@ SASS = """
 
 
 def test_parse_sass_reads_addresses_opcodes_and_drops_predicates() -> None:
-    ins = ki.parse_sass(SASS)
+    ins = sass.parse_sass(SASS)
     assert [i.address for i in ins] == list(range(0, 0xC0, 0x10))
-    assert ins[1] == ki.Instruction(0x10, "LDS.128", "R4, [R2]")
-    assert ins[4].opcode == "BRA" and ki.branch_target(ins[4]) == 0x10
-    assert ki.branch_target(ins[2]) is None
+    assert ins[1] == sass.Instruction(0x10, "LDS.128", "R4, [R2]")
+    assert ins[4].opcode == "BRA" and sass.branch_target(ins[4]) == 0x10
+    assert sass.branch_target(ins[2]) is None
 
 
 def test_find_loops_ignores_forward_and_self_branches() -> None:
-    loops = ki.find_loops(ki.parse_sass(SASS))
-    assert loops == [ki.Loop(0x10, 0x40), ki.Loop(0x50, 0x90)]  # not the trailing BRA 0xb0
+    loops = sass.find_loops(sass.parse_sass(SASS))
+    assert loops == [sass.Loop(0x10, 0x40), sass.Loop(0x50, 0x90)]  # not the trailing BRA 0xb0
 
 
 def test_innermost_drops_enclosing_loops() -> None:
-    outer, inner, other = ki.Loop(0, 0x100), ki.Loop(0x20, 0x60), ki.Loop(0x200, 0x300)
-    assert ki.innermost([outer, inner, other]) == [inner, other]
+    outer, inner, other = sass.Loop(0, 0x100), sass.Loop(0x20, 0x60), sass.Loop(0x200, 0x300)
+    assert sass.innermost([outer, inner, other]) == [inner, other]
 
 
 def test_hottest_loop_prefers_more_fma_then_the_shorter_loop() -> None:
-    ins = ki.parse_sass(SASS)
-    assert ki.hottest_loop(ins, "FFMA") == ki.Loop(0x10, 0x40)  # 2 FFMA beat 1
-    tied = ki.parse_sass(SASS.replace("DADD R10, R10, R12", "FFMA R10, R10, R12, R10"))
-    assert ki.hottest_loop(tied, "FFMA") == ki.Loop(0x10, 0x40)  # 2 each: the shorter wins
-    assert ki.hottest_loop([], "FFMA") is None
+    ins = sass.parse_sass(SASS)
+    assert sass.hottest_loop(ins, "FFMA") == sass.Loop(0x10, 0x40)  # 2 FFMA beat 1
+    tied = sass.parse_sass(SASS.replace("DADD R10, R10, R12", "FFMA R10, R10, R12, R10"))
+    assert sass.hottest_loop(tied, "FFMA") == sass.Loop(0x10, 0x40)  # 2 each: the shorter wins
+    assert sass.hottest_loop([], "FFMA") is None
 
 
 def test_count_loop_on_text() -> None:
-    ins = ki.parse_sass(SASS)
-    body = ki.loop_body(ins, ki.Loop(0x10, 0x40))
-    assert ki.count_loop(body, "FFMA") == {
+    ins = sass.parse_sass(SASS)
+    body = sass.loop_body(ins, sass.Loop(0x10, 0x40))
+    assert sass.count_loop(body, "FFMA") == {
         "ffma": 2,
         "lds32": 0,
         "lds64": 0,
@@ -214,7 +215,7 @@ def test_count_loop_on_text() -> None:
         "ffma_share": 0.5,
         "ffma_per_lds": 2.0,
     }
-    assert ki.count_loop([], "DFMA")["ffma_per_lds"] is None
+    assert sass.count_loop([], "DFMA")["ffma_per_lds"] is None
 
 
 @pytest.mark.parametrize(
@@ -222,7 +223,7 @@ def test_count_loop_on_text() -> None:
     [("LDS", 32), ("LDS.U8", 32), ("LDS.64", 64), ("LDS.128", 128), ("LDS.U.128", 128)],
 )
 def test_lds_width(opcode: str, width: int) -> None:
-    assert ki.lds_width(opcode) == width
+    assert sass.lds_width(opcode) == width
 
 
 @pytest.mark.parametrize(
@@ -238,7 +239,7 @@ def test_lds_width(opcode: str, width: int) -> None:
     ],
 )
 def test_is_fp64(opcode: str, fp64: bool) -> None:
-    assert ki.is_fp64(opcode) is fp64
+    assert sass.is_fp64(opcode) is fp64
 
 
 def test_parse_ptxas_info() -> None:
@@ -249,7 +250,7 @@ def test_parse_ptxas_info() -> None:
         "ptxas info    : Used 128 registers, used 1 barriers, 16 bytes cumulative stack size, "
         "16640 bytes smem\n"
     )
-    assert ki.parse_ptxas_info(text) == {
+    assert sass.parse_ptxas_info(text) == {
         "regs": 128,
         "spill_bytes": 60,
         "shared_bytes": 16640,
@@ -258,8 +259,8 @@ def test_parse_ptxas_info() -> None:
 
 
 def test_analyse_counts_fp64_only_for_float32() -> None:
-    assert ki.analyse("", SASS, "float32")["fp64_instructions"] == 2
-    assert ki.analyse("", SASS, "float64")["fp64_instructions"] is None
+    assert sass.analyse("", SASS, "float32")["fp64_instructions"] == 2
+    assert sass.analyse("", SASS, "float64")["fp64_instructions"] is None
 
 
 @pytest.mark.parametrize(("text", "cc"), [("9.0", (9, 0)), ("8.6", (8, 6)), (" 10.0 ", (10, 0))])
@@ -312,7 +313,7 @@ def _report(**changes: Any) -> dict[str, Any]:
     ],
 )
 def test_check_targets(changes: dict[str, Any], message: str | None) -> None:
-    missed = ki.check_targets(_report(**changes))
+    missed = sass.check_targets(_report(**changes))
     assert missed == ([] if message is None else [m for m in missed if message in m])
     assert len(missed) == (0 if message is None else 1)
 
@@ -320,7 +321,7 @@ def test_check_targets(changes: dict[str, Any], message: str | None) -> None:
 def test_format_table_aligns_and_marks_default() -> None:
     rows = [_report(), _report(name="slow_one", default=False, ffma_share=0.16)]
     for r in rows:
-        r["targets_missed"] = ki.check_targets(r)
+        r["targets_missed"] = sass.check_targets(r)
     lines = ki.format_table(rows).splitlines()
     assert lines[0].split()[:3] == ["variant", "regs", "spill"]
     assert lines[1].startswith("k *") and lines[1].rstrip().endswith("met")

@@ -19,8 +19,8 @@ from typing import Any
 
 import psutil
 
-from pipeline import io
 from pipeline.errors import UnsafeOutputError
+from pipeline.store.fs import url_to_fs, write_bytes
 
 log = logging.getLogger("pipeline")
 LOCK_NAME = "lock.json"
@@ -52,19 +52,19 @@ def hold_lock(url: str, storage_options: dict[str, Any] | None) -> Iterator[dict
     proc = psutil.Process()
     mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
             "process_started": proc.create_time(), "token": uuid.uuid4().hex}  # fmt: skip
-    io.write_bytes(url, LOCK_NAME, json.dumps(mine).encode(), storage_options or {})
+    write_bytes(url, LOCK_NAME, json.dumps(mine).encode(), storage_options or {})
     if (read_lock(url, storage_options) or {}).get("token") != mine["token"]:
         raise UnsafeOutputError(f"OUT ({url}) was locked by another job at the same moment")
     try:
         yield mine
     finally:
         with contextlib.suppress(FileNotFoundError, OSError):
-            fs, path = io.url_to_fs(url, storage_options)
+            fs, path = url_to_fs(url, storage_options)
             fs.rm_file(f"{path.rstrip('/')}/{LOCK_NAME}")
 
 
 def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
-    fs, path = io.url_to_fs(url, storage_options)
+    fs, path = url_to_fs(url, storage_options)
     target = f"{path.rstrip('/')}/{LOCK_NAME}"
     try:
         holder = json.loads(fs.cat_file(target))

@@ -1,8 +1,7 @@
-"""Functions that run on the workers: read panels, multiply, reduce, write whole chunks."""
+"""Worker side: the task functions. Read panels, multiply, reduce, write whole chunks."""
 
 from __future__ import annotations
 
-import json
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -13,11 +12,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels import make_accumulator
-from pipeline import io
-from pipeline.panels import CACHE
-from pipeline.plan import row_bands
-from pipeline.spec import StoreSpec, Tile
+from kernels.backends import make_accumulator
+from pipeline.plan import StoreSpec, Tile, row_bands
+from pipeline.run.panels import CACHE
+from pipeline.store import inputs
+from pipeline.store.output import Output
 
 
 @dataclass(frozen=True)
@@ -26,7 +25,7 @@ class TaskSpec:
 
     store: StoreSpec
     backend: str
-    """"cpu" or "cuda" (already resolved from "auto")."""
+    """A name in kernels.backends (already resolved from "auto")."""
     compute_dtype: str
     out_dtype: str
     fingerprint: str
@@ -38,6 +37,10 @@ class TaskSpec:
     run_id: str = ""
     """Unique per job: cached panels never outlive the job that decoded them (inputs may be
     rewritten in place between jobs on a long-lived cluster)."""
+
+    @property
+    def output(self) -> Output:
+        return Output(self.store.out_url, self.store.storage_options)
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     partial, bytes_read = product
     data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
     if data.size:
-        _output(spec)[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]] = data
+        spec.output.writable(spec.fingerprint)[
+            tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]
+        ] = data
     return _journal(spec, tile, bytes_read, start, zlib.crc32(data.data))
 
 
@@ -80,7 +85,7 @@ def tile_product_write(
     """The unsplit case: product and write in one task, so the tile never leaves the worker;
     the last panel goes band by band and each finished band is written in a thread."""
     start = time.perf_counter()
-    out = _output(spec)
+    out = spec.output.writable(spec.fingerprint)
     acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
     crc = [0]  # chained over the bands in row order: the whole tile's crc32
 
@@ -115,8 +120,8 @@ def _multiply(
 ) -> int:
     """Add every panel's product into ``acc``; returns the bytes decoded. With ``finished``,
     the last panel is added band by band and ``finished(band)`` is called as each is final."""
-    a = io.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
-    b = io.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
+    a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
+    b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     CACHE.use(spec.run_id, spec.cache_bytes)
     bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
     bytes_read = 0
@@ -134,18 +139,10 @@ def _multiply(
     return bytes_read
 
 
-def _output(spec: TaskSpec) -> Any:
-    return io.worker_array(
-        spec.store.out_url, spec.store.storage_options, spec.fingerprint, writable=True
-    )
-
-
 def _journal(spec: TaskSpec, tile: Tile, bytes_read: int, start: float, crc: int) -> TileStats:
     """Record the written tile in OUT/journal/ (what --resume trusts), with its crc32."""
     stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, crc)
-    entry = {"fingerprint": spec.fingerprint, **asdict(stats)}
-    name = f"journal/tile-{tile.index[0]}-{tile.index[1]}.json"
-    io.write_bytes(spec.store.out_url, name, json.dumps(entry).encode(), spec.store.storage_options)
+    spec.output.journal_tile(tile.index, {"fingerprint": spec.fingerprint, **asdict(stats)})
     return stats
 
 
@@ -159,7 +156,7 @@ def _prefetched(
         key = (spec.run_id, url, rows, cols, spec.compute_dtype)
         name = "A" if url == spec.store.a_url else "B"
         block, mine = CACHE.get(
-            key, lambda: io.read_block(array, rows, cols, spec.compute_dtype, name, url)
+            key, lambda: inputs.read_block(array, rows, cols, spec.compute_dtype, name, url)
         )
         return block, _stored_bytes(array, block) if mine else 0
 

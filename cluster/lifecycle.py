@@ -31,13 +31,18 @@ def count_gpus() -> int:
 
 
 @contextlib.contextmanager
-def start(spec: ClusterSpec) -> Iterator[Client]:
-    """A Client on the cluster the spec asks for; a cluster we started is closed after."""
+def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[Client]:
+    """A Client on the cluster the spec asks for; a cluster we started is closed after.
+
+    ``memory_limit_bytes`` caps each local worker (an existing cluster keeps its own limits).
+    """
     if spec.scheduler:
         with connect(spec.scheduler) as client:
             yield client
         return
-    kind, options = local_cluster_options(spec, count_gpus(), os.cpu_count() or 1)
+    kind, options = local_cluster_options(
+        spec, count_gpus(), os.cpu_count() or 1, memory_limit_bytes
+    )
     # A failed task reaches the user once, as the job's `error:` line; the workers' own
     # "Compute Failed" log (with a traceback) shows only with --debug.
     debug = log.isEnabledFor(logging.DEBUG)

@@ -1,4 +1,5 @@
-"""Run a plan on a distributed Client: one task per tile (and K group), whole-chunk writes."""
+"""Client side: resolve the backend on the workers, submit one task per tile (and K group),
+collect their stats with a progress line. Nothing but small stats passes through here."""
 
 from __future__ import annotations
 
@@ -12,12 +13,12 @@ from typing import Any
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
-from kernels import CUDA_DTYPES, probe_devices
-from pipeline import tasks
-from pipeline.errors import BackendUnavailableError, JobError, PipelineError
+from kernels.backends import AUTO, BACKENDS, BackendSpec, get_backend, probe_devices
+from pipeline.errors import BackendUnavailableError, ClusterError, JobError, PipelineError
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
-from pipeline.tasks import TaskSpec, TileStats
+from pipeline.run import worker
+from pipeline.run.worker import TaskSpec, TileStats
 
 log = logging.getLogger("pipeline")
 
@@ -30,32 +31,16 @@ class RunStats:
 
 
 def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
-    """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it."""
-    devices = client.run(probe_devices, requested == "cuda", requested == "cublas")
+    """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it; a
+    backend asked for by name must run on every worker, or the job is refused."""
+    devices = client.run(probe_devices, requested)
     if not devices:
         raise BackendUnavailableError("the cluster has no workers to run on")
-    if requested == "cpu":
-        return "cpu"
-    all_cuda = all(d["cuda"] for d in devices.values())
-    all_gpu = all(d["gpu"] for d in devices.values())
-    if requested == "cuda":
-        if not all_cuda:
-            missing = sorted(w for w, d in devices.items() if not d["cuda"])
-            raise BackendUnavailableError(
-                f"--backend cuda needs a CUDA GPU on every worker, but {len(missing)} of "
-                f"{len(devices)} worker(s) see none ({', '.join(missing)}); "
-                "use --backend cpu or auto, or start workers with `dask cuda worker`"
-            )
-        if compute_dtype not in CUDA_DTYPES:
-            raise BackendUnavailableError(
-                f"the cuda backend computes float32 and float64 only, not {compute_dtype}; "
-                "use --backend cpu or convert the inputs"
-            )
-        return "cuda"
-    if requested == "cublas":
-        _check_cublas(devices, compute_dtype)
-        return "cublas"
-    chosen = "cuda" if all_gpu and compute_dtype in CUDA_DTYPES else "cpu"
+    if requested != AUTO:
+        return _check_named(get_backend(requested), devices, compute_dtype)
+    cuda = BACKENDS["cuda"]
+    all_gpu = all(d.get("gpu") for d in devices.values())
+    chosen = "cuda" if all_gpu and cuda.takes(compute_dtype) else "cpu"
     reason = "a GPU on every worker" if chosen == "cuda" else "no GPU visible to the workers"
     if all_gpu and chosen == "cpu":
         reason = f"{compute_dtype} is not a GPU dtype"
@@ -63,20 +48,19 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
     return chosen
 
 
-def _check_cublas(devices: dict[str, dict[str, bool]], compute_dtype: str) -> None:
-    """Like the cuda checks: CuPy and a GPU on every worker, and a dtype cuBLAS computes."""
-    missing = sorted(w for w, d in devices.items() if not d.get("cublas"))
+def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute_dtype: str) -> str:
+    missing = sorted(w for w, d in devices.items() if not d.get(spec.name))
     if missing:
         raise BackendUnavailableError(
-            f"--backend cublas needs CuPy (pip install cupy-cuda13x) and a CUDA GPU on every "
-            f"worker, but {len(missing)} of {len(devices)} worker(s) lack them "
-            f"({', '.join(missing)}); install CuPy there, or use --backend cuda, cpu or auto"
+            f"--backend {spec.name} needs {spec.needs} on every worker, but {len(missing)} of "
+            f"{len(devices)} worker(s) lack it ({', '.join(missing)}); {spec.fix}"
         )
-    if compute_dtype not in CUDA_DTYPES:
+    if not spec.takes(compute_dtype):
         raise BackendUnavailableError(
-            f"the cublas backend computes float32 and float64 only, not {compute_dtype}; "
-            "use --backend cpu or convert the inputs"
+            f"the {spec.name} backend computes {' and '.join(spec.dtypes or ())} only, not "
+            f"{compute_dtype}; use --backend cpu or convert the inputs"
         )
+    return spec.name
 
 
 def submit_plan(
@@ -94,16 +78,16 @@ def submit_plan(
         submit = functools.partial(client.submit, priority=-order)
         if plan.split_k == 1:
             futures[tile.index] = submit(
-                tasks.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
+                worker.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
             )
             continue
         partials = [
-            submit(tasks.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")
+            submit(worker.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")
             for g, group in enumerate(groups)
         ]
         total = _tree_sum(submit, partials, token)
         futures[tile.index] = submit(
-            tasks.tile_write, spec, tile, total, key=f"matmul-write-{token}"
+            worker.tile_write, spec, tile, total, key=f"matmul-write-{token}"
         )
     return futures
 
@@ -116,7 +100,10 @@ def _tree_sum(
     while len(parts) > 1:
         nxt = [
             submit(
-                tasks.sum_partials, parts[i], parts[i + 1], key=f"matmul-reduce-{token}-{level}-{i}"
+                worker.sum_partials,
+                parts[i],
+                parts[i + 1],
+                key=f"matmul-reduce-{token}-{level}-{i}",
             )
             for i in range(0, len(parts) - 1, 2)
         ]
@@ -175,11 +162,19 @@ def describe_workers(client: Client) -> dict[str, Any]:
     """Worker count, threads and memory limit (the smallest, which the plan must fit)."""
     workers = client.scheduler_info(n_workers=-1)["workers"]
     if not workers:
-        from pipeline.errors import ClusterError
-
         raise ClusterError("the cluster has no workers; start some with `dask worker ADDRESS`")
     return {
         "workers": len(workers),
         "threads": min(w["nthreads"] for w in workers.values()),
         "memory_limit": min(w.get("memory_limit") or 0 for w in workers.values()),
     }
+
+
+def release_panels(client: Client, run_id: str) -> None:
+    """Free the job's cached panels on every worker (best effort: a lost worker has none)."""
+    from pipeline.run.panels import release_panels as release
+
+    try:
+        client.run(release, run_id)
+    except Exception as e:  # noqa: BLE001 - never hide the job's own result or error
+        log.debug("could not release cached panels: %s", e)

@@ -1,0 +1,172 @@
+"""The backend registry: what each block-product backend is, in one place.
+
+A backend's name, the compute dtypes it takes, where it runs, how its rounding constrains the
+plan, how a worker finds out whether it can run it, and how to make its accumulator. The CLI's
+choices, the client's backend resolution and the planner all read this table. Pure on import:
+numba and CuPy are loaded only inside the probes and factories.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from numpy.typing import NDArray
+
+GPU_DTYPES = ("float32", "float64")
+"""Compute dtypes of the GPU backends (our kernels and cuBLAS)."""
+CPU_GEMM_BLOCK = 256
+"""OpenBLAS's rounding depends on a call's M and N, so the CPU backend multiplies fixed output
+blocks of whole chunks, at least this many rows and columns: the same bytes on any cluster."""
+
+
+class Accumulator(Protocol):
+    """``acc += a @ b`` over K panels. ``rows=(r0, r1)`` works on that band of the accumulator
+    only (``a`` then holds just those rows), so a finished band can be written out while the
+    next one is computed; the bytes are the same as for whole-accumulator calls."""
+
+    def add(
+        self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None
+    ) -> None: ...
+    def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]: ...
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    name: str
+    dtypes: tuple[str, ...] | None
+    """Compute dtypes it multiplies; None: every numeric dtype."""
+    device: str
+    """"cpu" or "gpu": where the accumulator lives."""
+    min_gemm_block: int
+    """Smallest gemm block along each axis, in elements (1: rounding ignores the launch)."""
+    probe: Callable[[], bool]
+    """Runs on a worker: True when this process can run the backend."""
+    make_accumulator: Callable[[tuple[int, int], str, tuple[int, int] | None], Accumulator]
+    """(shape, compute dtype, gemm block) -> a zeroed accumulator."""
+    needs: str
+    """What a worker must have to run it (for the error that says it lacks it)."""
+    fix: str
+    """What to do when a worker lacks it."""
+    flops_per_second: float | None = None
+    """Planning rate of one task's products in float32, in flop/s (None: the CPU model)."""
+
+    def takes(self, dtype: str) -> bool:
+        return self.dtypes is None or dtype in self.dtypes
+
+
+def _cpu_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int] | None) -> Any:
+    from kernels.cpu import CpuAccumulator
+
+    return CpuAccumulator(shape, dtype, block)
+
+
+def _cuda_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int] | None) -> Any:
+    import numpy as np
+
+    from kernels.cuda_host import CudaAccumulator
+
+    return CudaAccumulator(shape, np.dtype(dtype))
+
+
+def _cublas_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int] | None) -> Any:
+    import numpy as np
+
+    from kernels.cublas import CublasAccumulator
+
+    return CublasAccumulator(shape, np.dtype(dtype))
+
+
+def _probe_cuda() -> bool:
+    try:
+        from kernels.cuda_host import cuda_available
+
+        return cuda_available()
+    except Exception:  # noqa: BLE001 - any import or driver failure means "no CUDA"
+        return False
+
+
+def _probe_cublas() -> bool:
+    from kernels.cublas import cublas_available
+
+    return cublas_available()
+
+
+BACKENDS: dict[str, BackendSpec] = {
+    spec.name: spec
+    for spec in (
+        BackendSpec(
+            "cuda",
+            GPU_DTYPES,
+            "gpu",
+            # Our kernels sum each element in K order whatever the launch: no fixed blocks.
+            1,
+            _probe_cuda,
+            _cuda_accumulator,
+            "a CUDA GPU",
+            "use --backend cpu or auto, or start workers with `dask cuda worker`",
+        ),
+        BackendSpec("cpu", None, "cpu", CPU_GEMM_BLOCK, lambda: True, _cpu_accumulator, "", ""),
+        BackendSpec(
+            "cublas",
+            GPU_DTYPES,
+            "gpu",
+            CPU_GEMM_BLOCK,
+            _probe_cublas,
+            _cublas_accumulator,
+            "CuPy (pip install cupy-cuda13x) and a CUDA GPU",
+            "install CuPy there, or use --backend cuda, cpu or auto",
+        ),
+    )
+}
+AUTO = "auto"
+CHOICES = (AUTO, *BACKENDS)
+"""What --backend accepts."""
+
+
+def get_backend(name: str) -> BackendSpec:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}; choose {', '.join(CHOICES)}")
+    return BACKENDS[name]
+
+
+def make_accumulator(
+    backend: str, shape: tuple[int, int], dtype: str, block: tuple[int, int] | None = None
+) -> Accumulator:
+    """A zeroed ``shape`` accumulator on a resolved backend (see BACKENDS).
+
+    ``block``: the CPU backend's fixed gemm block (see kernels.cpu); the GPU kernels sum each
+    element in K order whatever the launch shape, so they don't need it.
+    """
+    return get_backend(backend).make_accumulator(shape, dtype, block)
+
+
+def probe_devices(requested: str = AUTO) -> dict[str, bool]:
+    """Runs on a worker: what it can run. "gpu" is a real GPU (not the simulator).
+
+    NVML answers "is there a GPU" cheaply; a GPU backend's probe (numba ~1 s to import, or
+    CuPy) runs only when a GPU is there or that backend was asked for by name, so a CPU job
+    never imports them.
+    """
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+    real_gpu = _nvml_gpus() > 0 and not simulator
+    found = {"simulator": simulator}
+    for spec in BACKENDS.values():
+        if spec.device == "cpu":
+            found[spec.name] = True
+        elif spec.name == requested or (real_gpu and spec.name == "cuda"):
+            found[spec.name] = spec.probe()
+    found["gpu"] = found.get("cuda", False) and not simulator
+    return found
+
+
+def _nvml_gpus() -> int:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return int(pynvml.nvmlDeviceGetCount())
+    except Exception:  # noqa: BLE001 - no driver or library: no GPU
+        return 0

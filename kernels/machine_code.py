@@ -1,0 +1,166 @@
+"""`python -m kernels inspect`: compile every CUDA variant with no GPU and read its machine code.
+
+PTX comes from numba's compile_ptx; ptxas -v and cuobjdump -sass come from the nvidia-cuda-*
+wheels (the system ptxas may be too old for nvvm's PTX). The hottest loop is the innermost
+backward-branch loop with the most FFMA/DFMA. Parsing is pure functions on text.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from kernels.sass import analyse, check_targets
+
+# --- compiling (needs numba-cuda and the CUDA wheels, no GPU) ----------------------------------
+
+
+def find_tool(name: str) -> Path:
+    """A CUDA binary (ptxas, cuobjdump) from the nvidia-* wheels: nvidia/cu*/bin/<name>."""
+    try:
+        import nvidia
+    except ImportError:
+        nvidia = None
+    roots = [Path(p) for p in getattr(nvidia, "__path__", [])]
+    found = sorted(path for root in roots for path in root.glob(f"*/bin/{name}"))
+    if not found:
+        raise FileNotFoundError(
+            f"{name} not found under the nvidia wheels ({[str(r) for r in roots]}); "
+            "pip install nvidia-cuda-nvcc nvidia-cuda-cuobjdump (the system one may be too old)"
+        )
+    return found[-1]  # the newest CUDA major (cu13 after cu12)
+
+
+def parse_cc(text: str) -> tuple[int, int]:
+    """ "9.0" -> (9, 0)."""
+    match = re.fullmatch(r"(\d+)\.(\d)", text.strip())
+    if not match:
+        raise ValueError(f"compute capability must look like 9.0 or 8.6, got {text!r}")
+    return int(match[1]), int(match[2])
+
+
+def compile_kernel_ptx(
+    kernel: Callable[..., None], dtype: str, cc: tuple[int, int], launch_bounds: Any = None
+) -> str:
+    """PTX of kernel(a, b, c) for C-contiguous 2-D arrays of `dtype`, with no GPU."""
+    import numba
+    from numba.core import config
+
+    if config.ENABLE_CUDASIM:
+        raise RuntimeError(
+            "kernels inspect compiles real PTX: run it with NUMBA_ENABLE_CUDASIM unset"
+        )
+    from numba import cuda
+
+    array = getattr(numba, dtype)[:, ::1]
+    ptx, _ = cuda.compile_ptx(kernel, (array, array, array), cc=cc, launch_bounds=launch_bounds)
+    return str(ptx)
+
+
+def _run(args: list[str]) -> str:
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{Path(args[0]).name} failed ({done.returncode}): {done.stderr.strip()}"
+        )
+    return done.stdout + done.stderr
+
+
+def inspect_kernel(
+    name: str,
+    dtype: str,
+    kernel: Callable[..., None],
+    cc: tuple[int, int],
+    ptx_dir: Path,
+    launch_bounds: Any = None,
+    default: bool = False,
+) -> dict[str, Any]:
+    """Compile, assemble and disassemble one kernel; its report as a flat dict."""
+    arch = f"sm_{cc[0]}{cc[1]}"
+    ptx = ptx_dir / f"{name}.{arch}.ptx"
+    ptx.write_text(compile_kernel_ptx(kernel, dtype, cc, launch_bounds))
+    cubin = ptx.with_suffix(".cubin")
+    info = _run([str(find_tool("ptxas")), "-v", f"-arch={arch}", str(ptx), "-o", str(cubin)])
+    sass = _run([str(find_tool("cuobjdump")), "-sass", str(cubin)])
+    report = {"name": name, "dtype": dtype, "default": default, "ptx": str(ptx), "cc": arch}
+    report.update(analyse(info, sass, dtype))
+    report["targets_missed"] = check_targets(report)
+    return report
+
+
+def inspect_variants(cc: tuple[int, int], ptx_dir: Path) -> list[dict[str, Any]]:
+    """Reports for every registered CUDA variant."""
+    from kernels.cuda_host import VARIANTS
+
+    ptx_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        inspect_kernel(
+            v.name, v.dtype.name, v.make_kernel(), cc, ptx_dir, v.launch_bounds, v.default
+        )
+        for v in VARIANTS.values()
+    ]
+
+
+# --- output -----------------------------------------------------------------------------------
+
+_COLUMNS = [
+    ("variant", lambda r: r["name"] + (" *" if r["default"] else "")),
+    ("regs", lambda r: r["regs"]),
+    ("spill", lambda r: r["spill_bytes"]),
+    ("local", lambda r: r["local_bytes"]),
+    ("smem", lambda r: r["shared_bytes"]),
+    ("fma", lambda r: r.get("ffma", r.get("dfma"))),
+    ("lds32", lambda r: r["lds32"]),
+    ("lds64", lambda r: r["lds64"]),
+    ("lds128", lambda r: r["lds128"]),
+    ("loop", lambda r: r["instructions"]),
+    ("fma%", lambda r: f"{r['ffma_share']:.1%}"),
+    ("fma/lds", lambda r: "-" if r["ffma_per_lds"] is None else f"{r['ffma_per_lds']:g}"),
+    ("fp64", lambda r: "-" if r["fp64_instructions"] is None else r["fp64_instructions"]),
+    ("targets", lambda r: "met" if not r["targets_missed"] else "; ".join(r["targets_missed"])),
+]
+
+
+def format_table(reports: Sequence[dict[str, Any]]) -> str:
+    """Aligned text table, one row per kernel; * marks the default of its dtype."""
+    rows = [[name for name, _ in _COLUMNS]]
+    rows += [[str(get(r)) for _, get in _COLUMNS] for r in reports]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(_COLUMNS) - 1)]
+    lines = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1]
+        for row in rows
+    ]
+    lines.append(
+        "fma: FFMA (float32) or DFMA (float64) in the hottest loop, whose length is `loop`; "
+        "* = default; targets: the default's static goals"
+    )
+    if reports:
+        lines.append(f"PTX and cubins in {Path(reports[0]['ptx']).parent}")
+    lines.append("toolchain: " + ", ".join(f"{k} {v}" for k, v in toolchain_versions().items()))
+    return "\n".join(lines)
+
+
+def toolchain_versions() -> dict[str, str]:
+    """Versions the numbers depend on (the gate is calibrated on one set)."""
+    from importlib import metadata
+
+    names = ("numba", "numba-cuda", "nvidia-nvvm", "nvidia-cuda-nvcc", "nvidia-cuda-cuobjdump")
+    versions = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "missing"
+    return versions
+
+
+def run(cc: str, as_json: bool, ptx_dir: str | None) -> str:
+    """The `inspect` command's output text."""
+    out_dir = Path(ptx_dir) if ptx_dir else Path(tempfile.mkdtemp(prefix="kernels-inspect-"))
+    reports = inspect_variants(parse_cc(cc), out_dir)
+    return json.dumps(reports, indent=2) if as_json else format_table(reports)

@@ -1,0 +1,225 @@
+"""The job: validated inputs and a plan, frozen, until ``execute`` runs it on a cluster.
+
+``pipeline.prepare`` builds a ``MatmulJob`` with no side effects (no cluster, nothing written);
+``str(job)`` is the dry-run table; ``job.execute(client=None)`` re-plans for the live workers,
+then creates (or resumes) OUT, runs the tiles, and marks OUT complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+import dask
+import psutil
+from distributed import Client
+
+from cluster import ClusterSpec
+from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, plan_matmul
+from pipeline.report import format_plan
+from pipeline.run.client import (
+    collect,
+    describe_workers,
+    release_panels,
+    resolve_backend,
+    submit_plan,
+)
+from pipeline.run.worker import TaskSpec
+from pipeline.store.output import Output
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What the caller asked for; the one carrier of every option from the CLI or API."""
+
+    backend: str = "auto"
+    """A name in kernels.backends, or "auto"."""
+    memory_limit_bytes: int | None = None
+    """Per worker, in bytes: the plan must fit it, and local workers get it as their limit."""
+    overwrite: bool = False
+    resume: bool = False
+    verify: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict)
+    progress: bool = False
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    """The cluster to start or join when ``execute`` is given no client."""
+    report: str | None = None
+    """Where to save distributed's performance report (HTML), if anywhere."""
+
+
+@dataclass(frozen=True)
+class MultiplyResult:
+    shape: tuple[int, int]
+    dtype: str
+    seconds: float
+    """Wall time of ``execute``, cluster start-up included."""
+    tiles_computed: int
+    tiles_skipped: int
+    """Tiles a --resume found already written."""
+    bytes_read: int
+    """Bytes of input elements the tasks read from storage."""
+    backend: str
+    plan: MatmulPlan
+    verified: bool | None = None
+    """None when not asked to verify."""
+
+
+@dataclass(frozen=True)
+class MatmulJob:
+    """``out = a @ b``, validated and planned, not yet run."""
+
+    store: StoreSpec
+    a: ArraySpec
+    b: ArraySpec
+    options: JobOptions
+    inputs_digest: str
+    """Digest of both inputs' Zarr metadata (codecs, fill value, attributes...)."""
+    state: dict[str, Any] | None
+    """OUT's attributes when it already exists (ours), else None."""
+    plan: MatmulPlan
+    """Planned for the cluster the options describe; ``execute`` re-plans for the live one."""
+
+    @property
+    def output(self) -> Output:
+        return Output(self.store.out_url, self.store.storage_options)
+
+    def describe(self) -> str:
+        """The plan as a table (what --dry-run prints)."""
+        return format_plan(self.plan)
+
+    __str__ = describe
+
+    def for_cluster(self, client: Client, backend: str = "cpu") -> MatmulJob:
+        """The same job planned for the workers of ``client``."""
+        return replace(self, plan=plan_job(self, describe_workers(client), backend))
+
+    def execute(self, client: Client | None = None) -> MultiplyResult:
+        """Run the job on ``client`` (or a cluster started from the options, then closed)."""
+        started = time.perf_counter()
+        if self.state is not None:
+            self.output.check_replaceable(self.options.overwrite, self.options.resume)
+        with _connect(client, self.options) as c, _report(self.options.report):
+            backend = resolve_backend(c, self.options.backend, self.plan.compute_dtype)
+            plan = self.for_cluster(c, backend).plan
+            spec = self._task_spec(plan, backend)
+            skip = self._start_output(plan, spec.fingerprint)
+            with self.output.locked():
+                try:
+                    run = collect(c, submit_plan(c, plan, spec, skip), plan, self.options.progress)
+                finally:
+                    release_panels(c, spec.run_id)
+                self.output.mark(spec.fingerprint, complete=True)
+                verified = self._verify(c, spec.fingerprint) if self.options.verify else None
+        seconds = time.perf_counter() - started
+        return MultiplyResult(
+            plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
+            run.bytes_read, backend, plan, verified,
+        )  # fmt: skip
+
+    def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
+        return TaskSpec(
+            self.store,
+            backend,
+            plan.compute_dtype,
+            plan.out.dtype,
+            fingerprint(plan, self.inputs_digest),
+            cache_bytes=plan.cache_bytes,
+            block_shape=plan.block_shape,
+            run_id=uuid.uuid4().hex,
+        )
+
+    def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
+        """Create OUT (or keep it for --resume) and return the tiles already done."""
+        if self.options.resume and self.state is not None:
+            return self.output.finished_tiles(plan, fp, self.state)
+        attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
+        self.output.create(plan.out.shape, plan.out.chunks, plan.out.dtype, attributes)
+        return set()
+
+    def _verify(self, client: Client, fp: str) -> bool:
+        from pipeline.verify import verify_product
+
+        store = self.store
+        result = verify_product(
+            client, store.a_url, store.b_url, store.out_url, store.storage_options,
+            progress=self.options.progress,
+        )  # fmt: skip
+        self.output.mark(fp, verified=result.passed)
+        return result.passed
+
+
+def plan_job(job: MatmulJob, live: dict[str, Any] | None, backend: str = "cpu") -> MatmulPlan:
+    """Plan for the live workers when known, else for the cluster the options will start."""
+    return plan_for(job.a, job.b, job.options, job.state, live, backend)
+
+
+def plan_for(
+    a: ArraySpec,
+    b: ArraySpec,
+    options: JobOptions,
+    state: dict[str, Any] | None,
+    live: dict[str, Any] | None,
+    backend: str = "cpu",
+) -> MatmulPlan:
+    """``live``: describe_workers() of a running cluster, or None before one is started."""
+    total = psutil.virtual_memory().total
+    budget = options.memory_limit_bytes
+    if live is None:
+        workers = options.cluster.workers or 1
+        cores = psutil.cpu_count() or 1
+        threads = options.cluster.threads_per_worker or max(cores // workers, 1)
+        limit = budget or total // workers
+    else:
+        workers, threads = live["workers"], live["threads"]
+        limit = min(x for x in (budget, live["memory_limit"] or total) if x)
+    forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
+    return plan_matmul(
+        a,
+        b,
+        cache_fraction=float(dask.config.get("tilegemm.cache-fraction", 0.5)),
+        backend=backend,
+        workers=workers,
+        threads_per_worker=threads,
+        memory_limit_bytes=limit,
+        tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
+    )
+
+
+def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
+    """Digest of what decides the output's bytes: the inputs (shapes, chunks, dtypes, metadata)
+    and the tiling."""
+    key = {
+        "inputs": inputs_digest,
+        "a": asdict(plan.a),
+        "b": asdict(plan.b),
+        "out": asdict(plan.out),
+        "tile": plan.tile_shape,
+        "panels": plan.k_panels,
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@contextlib.contextmanager
+def _connect(client: Client | None, options: JobOptions) -> Iterator[Client]:
+    if client is not None:
+        yield client
+        return
+    from cluster import start
+
+    with start(options.cluster, options.memory_limit_bytes) as c:
+        yield c
+
+
+def _report(path: str | None) -> Any:
+    """distributed's performance report of the run, saved as HTML when asked for."""
+    if not path:
+        return contextlib.nullcontext()
+    from distributed import performance_report
+
+    return performance_report(filename=path)

@@ -1,0 +1,184 @@
+"""The plan's frozen form: how ``out = a @ b`` is cut into tasks, and the figures that follow
+from it (reads, the makespan model). Pure: no I/O and no dask/zarr/numba imports. Every size is
+an int: elements or ``*_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipeline.errors import InputError
+from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
+from pipeline.plan.spec import ArraySpec, Tile
+
+FLOPS_PER_THREAD = 90e9
+"""One thread's float32 multiply rate, in flop/s (OpenBLAS sgemm measured here; float64 half)."""
+DECODE_BYTES_PER_THREAD = 0.5e9
+"""Planning guess of one thread's read-and-decode (or encode-and-write) rate, in bytes/s."""
+TASK_OVERHEAD_SECONDS = 0.05
+"""Scheduling, store opening and Python per task: favours fewer, bigger tasks on a tie."""
+REDUCE_BYTES_PER_SECOND = 2e9
+"""Planning guess of moving and adding split-K partials, in bytes/s."""
+
+
+@dataclass(frozen=True)
+class MatmulPlan:
+    """How ``out = a @ b`` is cut into tasks, and what that costs."""
+
+    a: ArraySpec
+    b: ArraySpec
+    out: ArraySpec
+    compute_dtype: str
+    """dtype of the accumulator and of the panels given to the kernel."""
+    tile_shape: tuple[int, int]
+    """Rows and columns of a full tile, in elements (whole output chunks)."""
+    k_panels: tuple[tuple[int, int], ...]
+    """[k0, k1) ranges that every tile streams, in order."""
+    split_k: int
+    """Number of K groups per tile; 1 means no split."""
+    workers: int
+    threads_per_worker: int
+    memory_limit_bytes: int
+    """Budget of one worker process, in bytes."""
+    block_shape: tuple[int, int]
+    """Rows and columns of the fixed output blocks each gemm call computes (whole chunks)."""
+    task_bytes: int
+    """Projected peak host memory of one task, in bytes."""
+    worker_bytes: int
+    """Projected peak host memory of one worker (its busy threads and held partials), in bytes."""
+    device_bytes: int
+    """Projected device memory of one task on the cuda backend, in bytes."""
+    cache_bytes: int = 0
+    """Budget of each worker's shared cache of decoded panels, in bytes (spare memory)."""
+
+    @property
+    def grid(self) -> tuple[int, int]:
+        """Number of tile rows and tile columns."""
+        (m, n), (tm, tn) = self.out.shape, self.tile_shape
+        return (ceil_div(m, tm), ceil_div(n, tn))
+
+    @property
+    def n_tiles(self) -> int:
+        rows, cols = self.grid
+        return rows * cols
+
+    @property
+    def n_tasks(self) -> int:
+        return self.n_tiles * self.split_k
+
+    @property
+    def flops(self) -> int:
+        (m, k), n = self.a.shape, self.b.shape[1]
+        return 2 * m * n * k
+
+    @property
+    def read_bytes(self) -> int:
+        """Planned bytes read from storage.
+
+        Each tile needs its A row block and B column block. Tiles run column by column, T at a
+        time per worker, sharing decoded panels through the worker's cache: a B column block is
+        decoded once per wave of T tiles when the cache holds their current panels, once per
+        worker when it holds the whole block; A once per worker when all of A fits beside it.
+        """
+        (m, k), n = self.a.shape, self.b.shape[1]
+        rows, cols = self.grid
+        (tm, tn), c = self.tile_shape, np.dtype(self.compute_dtype).itemsize
+        width = max((k1 - k0 for k0, k1 in self.k_panels), default=0)
+        threads, workers = self.threads_per_worker, self.workers
+        b_block = k * tn * c
+        # The LRU also holds the panels the running tasks use and prefetch, and the B blocks
+        # of two columns while one column's last tiles overlap the next column's first.
+        in_flight = threads * 2 * (tm + tn) * width * c
+        if self.cache_bytes >= b_block + in_flight:
+            b_times = min(rows, workers)
+        elif self.cache_bytes >= in_flight:
+            b_times = ceil_div(rows, threads)
+        else:
+            b_times = rows
+        a_fits = self.cache_bytes >= m * k * c + min(threads, cols) * b_block + in_flight
+        a_times = min(cols, workers) if a_fits else cols
+        a_bytes = m * k * np.dtype(self.a.dtype).itemsize
+        b_bytes = k * n * np.dtype(self.b.dtype).itemsize
+        return a_times * a_bytes + b_times * b_bytes
+
+    @property
+    def compulsory_read_bytes(self) -> int:
+        """Every input element once."""
+        (m, k), n = self.a.shape, self.b.shape[1]
+        return m * k * np.dtype(self.a.dtype).itemsize + k * n * np.dtype(self.b.dtype).itemsize
+
+    @property
+    def lower_bound_read_bytes(self) -> int:
+        """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per worker thread."""
+        (m, k), n = self.a.shape, self.b.shape[1]
+        item = max(np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize)
+        per_thread = (self.memory_limit_bytes - WORKER_OVERHEAD_BYTES) // self.threads_per_worker
+        s = max(per_thread // np.dtype(self.compute_dtype).itemsize, 1)
+        bound = int(2 * m * n * k / math.sqrt(s)) * item
+        return max(bound, self.compulsory_read_bytes)
+
+    @property
+    def estimated_seconds(self) -> float:
+        """The planner's makespan model on this plan's workers (CPU rates; a rough guide)."""
+        return estimated_seconds(self)
+
+    def tiles(self) -> Iterator[Tile]:
+        """Tiles column by column: concurrent tiles then share B panels (see read_bytes)."""
+        (m, n), (tm, tn) = self.out.shape, self.tile_shape
+        rows, cols = self.grid
+        for j in range(cols):
+            for i in range(rows):
+                yield Tile((i, j), (i * tm, min((i + 1) * tm, m)), (j * tn, min((j + 1) * tn, n)))
+
+    def k_groups(self) -> list[tuple[tuple[int, int], ...]]:
+        """The K panels split into ``split_k`` contiguous groups (fixed order: deterministic)."""
+        return [tuple(g) for g in _split_even(list(self.k_panels), self.split_k)]
+
+
+def result_dtype(a_dtype: str, b_dtype: str) -> tuple[str, str]:
+    """Output dtype (``numpy.result_type``) and accumulator dtype; refuses non-numeric ones."""
+    for name, dt in (("A", np.dtype(a_dtype)), ("B", np.dtype(b_dtype))):
+        if dt.kind not in "biufc":
+            raise InputError(
+                f"{name} has dtype {dt}, which is not numeric; "
+                "convert it to a float, integer or complex dtype"
+            )
+    out = np.result_type(a_dtype, b_dtype)
+    compute = np.dtype("float32") if out == np.float16 else out
+    return str(out), str(compute)
+
+
+def estimated_seconds(plan: MatmulPlan) -> float:
+    """Makespan model: rounds of equal tasks, each multiplying and decoding its panels, then
+    the split-K tree (three tile buffers moved per level) and the tile's single writer."""
+    tm, tn = plan.tile_shape
+    k = plan.a.shape[1]
+    task_flops = 2 * tm * tn * k / plan.split_k
+    task_read = plan.read_bytes / max(plan.n_tasks, 1)
+    rounds = ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
+    rate = FLOPS_PER_THREAD * 4 / max(np.dtype(plan.compute_dtype).itemsize, 4)
+    task = task_flops / rate + task_read / DECODE_BYTES_PER_THREAD
+    product = rounds * (task + TASK_OVERHEAD_SECONDS)
+    acc = tm * tn * np.dtype(plan.compute_dtype).itemsize
+    levels = math.ceil(math.log2(plan.split_k)) if plan.split_k > 1 else 0
+    write_rounds = ceil_div(plan.n_tiles, plan.workers * plan.threads_per_worker)
+    finish = levels * 3 * acc / REDUCE_BYTES_PER_SECOND + acc / DECODE_BYTES_PER_THREAD
+    return product + write_rounds * finish
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _split_even(items: list[tuple[int, int]], groups: int) -> list[list[tuple[int, int]]]:
+    size, extra = divmod(len(items), groups)
+    out, start = [], 0
+    for g in range(groups):
+        stop = start + size + (1 if g < extra else 0)
+        out.append(items[start:stop])
+        start = stop
+    return out

@@ -1,0 +1,247 @@
+"""The planner: shapes, chunks, dtypes, workers and a memory budget in; a frozen plan out.
+
+Every tile shape with a distinct tile count per axis is tried; the one with the shortest
+modelled makespan that fits the memory budget is kept. Pure: no I/O and no dask/zarr/numba.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from kernels.backends import CPU_GEMM_BLOCK, get_backend
+from pipeline.errors import InputError, MemoryBudgetError, UsageError
+from pipeline.plan.matmul import MatmulPlan, ceil_div, estimated_seconds, result_dtype
+from pipeline.plan.memory import (
+    WORKER_OVERHEAD_BYTES,
+    calculate_cache_bytes,
+    calculate_task_bytes,
+    calculate_worker_bytes,
+)
+from pipeline.plan.spec import ArraySpec
+from pipeline.plan.units import format_bytes
+
+MIN_TASKS = 8
+"""K is split when the output has fewer blocks than this (a property of the problem, not of the
+cluster, so the summation tree is the same on any cluster)."""
+MAX_AXIS_CANDIDATES = 48
+"""Tile sizes tried per axis at most (all of them for up to ~600 chunks)."""
+MIN_PANEL_WIDTH = 512
+"""Narrower K panels waste BLAS calls and storage requests, so adjacent chunks are merged."""
+
+
+def plan_k_panels(k: int, a_chunk: int, b_chunk: int, target: int) -> tuple[tuple[int, int], ...]:
+    """K ranges of about ``target`` wide, cut where both inputs' chunks end when possible.
+
+    A cut at a boundary of only one grid makes the other array decode that chunk twice,
+    so boundaries shared by both grids are preferred, then either grid's, then any.
+    """
+    target = max(target, a_chunk, b_chunk, 1)
+    panels, start = [], 0
+    while start < k:
+        limit = min(start + target, k)
+        stop = limit
+        if limit < k:
+            common = _last_multiple(limit, math.lcm(a_chunk, b_chunk))
+            either = max(_last_multiple(limit, a_chunk), _last_multiple(limit, b_chunk))
+            stop = common if common > start else either if either > start else limit
+        panels.append((start, stop))
+        start = stop
+    return tuple(panels)
+
+
+def plan_matmul(
+    a: ArraySpec,
+    b: ArraySpec,
+    *,
+    workers: int,
+    threads_per_worker: int,
+    memory_limit_bytes: int,
+    panel_width: int | None = None,
+    tile_shape: tuple[int, int] | None = None,
+    cache_fraction: float = 0.5,
+    backend: str = "cpu",
+) -> MatmulPlan:
+    """Choose the tile shape and K split that finish soonest within the memory budget.
+
+    ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with);
+    ``cache_fraction`` of the spare memory holds decoded panels for reuse (0 turns it off);
+    ``backend`` (a name in kernels.backends) sets the smallest gemm block its rounding allows.
+    """
+    _check_operands(a, b)
+    if workers < 1 or threads_per_worker < 1:
+        raise UsageError(
+            f"need at least one worker and one thread, got {workers} worker(s) "
+            f"with {threads_per_worker} thread(s)"
+        )
+    out_dtype, compute_dtype = result_dtype(a.dtype, b.dtype)
+    (m, k), n = a.shape, b.shape[1]
+    out = ArraySpec((m, n), (a.chunks[0], b.chunks[1]), out_dtype)
+    width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
+    panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
+    block = gemm_block(out, get_backend(backend).min_gemm_block)
+    shared = {
+        "a": a,
+        "b": b,
+        "out": out,
+        "compute_dtype": compute_dtype,
+        "k_panels": panels,
+        "split_k": _split_k(out, block, len(panels)),
+        "workers": workers,
+        "threads_per_worker": threads_per_worker,
+        "memory_limit_bytes": memory_limit_bytes,
+        "block_shape": block,
+    }
+    best: tuple[tuple[float, int], MatmulPlan] | None = None
+    smallest: MatmulPlan | None = None
+    for shape in [tile_shape] if tile_shape else _tile_candidates(out, block):
+        plan = _candidate(shape, cache_fraction, **shared)
+        if smallest is None or plan.worker_bytes < smallest.worker_bytes:
+            smallest = plan
+        if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
+            continue
+        score = (estimated_seconds(plan), plan.read_bytes)
+        if best is None or score < best[0]:
+            best = (score, plan)
+    if best is None:
+        assert smallest is not None
+        raise MemoryBudgetError(_budget_message(smallest, memory_limit_bytes))
+    return best[1]
+
+
+def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any) -> MatmulPlan:
+    """The plan for one tile shape, its projected memory included."""
+    a, b, out = shared["a"], shared["b"], shared["out"]
+    compute, split = shared["compute_dtype"], shared["split_k"]
+    tm, tn = tile_shape
+    task, device = calculate_task_bytes(
+        tile_shape=(tm, tn),
+        panel_width=max((k1 - k0 for k0, k1 in shared["k_panels"]), default=0),
+        dtypes=(a.dtype, b.dtype, compute, out.dtype),
+        chunks=(a.chunks, b.chunks, out.chunks),
+        split_k=split,
+        first_band_rows=_first_band_rows(tm, shared["block_shape"][0]),
+    )
+    tiles = ceil_div(out.shape[0], tm) * ceil_div(out.shape[1], tn)
+    workers, threads = shared["workers"], shared["threads_per_worker"]
+    # Split-K partials wait in worker memory until their reduction runs.
+    held = ceil_div(tiles * split, workers) if split > 1 else 0
+    worker = calculate_worker_bytes(
+        task_bytes=task,
+        busy_threads=min(threads, tiles * split),
+        held_partials=held,
+        partial_bytes=tm * tn * np.dtype(compute).itemsize,
+    )
+    inputs = (math.prod(a.shape) + math.prod(b.shape)) * np.dtype(compute).itemsize
+    cache = calculate_cache_bytes(
+        memory_limit_bytes=shared["memory_limit_bytes"],
+        worker_bytes=worker,
+        cache_fraction=cache_fraction,
+        inputs_bytes=inputs,
+    )
+    return MatmulPlan(
+        **shared,
+        tile_shape=(tm, tn),
+        task_bytes=task,
+        worker_bytes=worker + cache,
+        device_bytes=device,
+        cache_bytes=cache,
+    )
+
+
+def _first_band_rows(rows: int, block_rows: int) -> int:
+    r0, r1 = row_bands(rows, block_rows)[0]
+    return r1 - r0
+
+
+def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
+    for name, spec in (("A", a), ("B", b)):
+        if len(spec.shape) != 2:
+            raise InputError(
+                f"{name} has {len(spec.shape)} dimension(s) {spec.shape}; "
+                "only 2-D matrices can be multiplied"
+            )
+    if a.shape[1] != b.shape[0]:
+        raise InputError(
+            f"shapes do not contract: A is {a.shape[0]}x{a.shape[1]} and B is "
+            f"{b.shape[0]}x{b.shape[1]}; A's columns ({a.shape[1]}) must equal B's rows "
+            f"({b.shape[0]})"
+        )
+
+
+WRITE_BANDS = 8
+"""A tile's last K panel is multiplied in up to this many bands of whole gemm-block rows, each
+written while the next is computed: only the last band's write is left after the product."""
+
+
+def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
+    """Up to WRITE_BANDS bands of whole block rows (the last may be short) covering ``rows``."""
+    if rows <= 0:
+        return [(0, 0)]
+    unit = max(block_rows or rows, 1)
+    step = unit * ceil_div(ceil_div(rows, unit), WRITE_BANDS)  # whole blocks per band
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
+def gemm_block(out: ArraySpec, min_block: int = CPU_GEMM_BLOCK) -> tuple[int, int]:
+    """Whole output chunks, at least ``min_block`` (or the whole axis) along each axis."""
+    (m, n), (cm, cn) = out.shape, out.chunks
+    rows = min(cm * ceil_div(min_block, cm), max(m, 1))
+    cols = min(cn * ceil_div(min_block, cn), max(n, 1))
+    return (max(rows, 1), max(cols, 1))
+
+
+def _tile_candidates(out: ArraySpec, block: tuple[int, int]) -> Iterator[tuple[int, int]]:
+    """Tile shapes made of whole blocks, one per distinct tile count along each axis."""
+    (m, n), (bm, bn) = out.shape, block
+    for rows in _distinct_multiples(ceil_div(m, bm)):
+        for cols in _distinct_multiples(ceil_div(n, bn)):
+            yield (max(min(rows * bm, m), 1), max(min(cols * bn, n), 1))
+
+
+def _distinct_multiples(count: int) -> list[int]:
+    """Chunks per tile giving every distinct number of tiles along an axis of ``count`` chunks.
+
+    ceil(count / q) takes O(√count) distinct values; past MAX_AXIS_CANDIDATES of them a
+    geometric subset is kept, so planning a million-chunk axis stays fast.
+    """
+    if count <= 1:
+        return [1]
+    values, q = set(), 1
+    while q <= count:
+        value = ceil_div(count, q)
+        values.add(value)
+        q = (count - 1) // (value - 1) + 1 if value > 1 else count + 1  # next q with a new value
+    ordered = sorted(values)
+    if len(ordered) <= MAX_AXIS_CANDIDATES:
+        return ordered
+    picks = np.unique(np.geomspace(1, len(ordered), MAX_AXIS_CANDIDATES).astype(int) - 1)
+    return [ordered[i] for i in picks]
+
+
+def _split_k(out: ArraySpec, block: tuple[int, int], panels: int) -> int:
+    """K groups per tile: more only when the output has fewer than MIN_TASKS blocks."""
+    (m, n), (bm, bn) = out.shape, block
+    blocks = ceil_div(m, bm) * ceil_div(n, bn)
+    if blocks == 0 or blocks >= MIN_TASKS:
+        return 1
+    return max(min(panels, ceil_div(MIN_TASKS, blocks)), 1)
+
+
+def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
+    need = plan.worker_bytes + WORKER_OVERHEAD_BYTES
+    return (
+        f"no plan fits the memory limit: the smallest needs {format_bytes(need)} per worker "
+        f"({plan.threads_per_worker} thread(s) x {format_bytes(plan.task_bytes)} per task for "
+        f"{plan.tile_shape[0]}x{plan.tile_shape[1]} tiles, plus "
+        f"{format_bytes(WORKER_OVERHEAD_BYTES)} overhead) but the limit is "
+        f"{format_bytes(memory_limit_bytes)}; raise --memory-limit, use fewer threads per "
+        "worker, or store the inputs with smaller chunks"
+    )
+
+
+def _last_multiple(limit: int, step: int) -> int:
+    return (limit // step) * step

@@ -1,0 +1,1 @@
+"""Store: the inputs (read-only) and the output (one owner), over fsspec and Zarr."""

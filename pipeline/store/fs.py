@@ -1,0 +1,93 @@
+"""fsspec plumbing shared by the inputs and the output: URLs, options, small files."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Any
+
+import fsspec
+
+from pipeline.errors import UsageError
+
+
+def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
+    """The fsspec file system and path of a URL (or local path)."""
+    try:
+        fs, path = fsspec.core.url_to_fs(url, **(fsspec_options(url, storage_options) or {}))
+    except (ImportError, ValueError) as e:
+        raise UsageError(f"cannot open {url}: {e}") from e
+    return fs, str(path)
+
+
+def write_bytes(url: str, relpath: str, data: bytes, storage_options: dict[str, Any]) -> None:
+    """Write ``relpath`` inside the store at ``url``, atomically (a crash leaves no torn file)."""
+    fs, path = url_to_fs(url, storage_options)
+    target = f"{path.rstrip('/')}/{relpath}"
+    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)  # a no-op on object stores
+    if local_path(url) is None:
+        fs.pipe_file(target, data)  # an object store's put is atomic
+        return
+    # Local files: write aside, then rename, so a job killed mid-write leaves no torn file.
+    partial = f"{target}.{uuid.uuid4().hex}.partial"
+    fs.pipe_file(partial, data)
+    os.replace(partial, target)
+
+
+def list_json(url: str, relpath: str, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
+    """The JSON files of a folder inside the store, parsed, by name; torn ones skipped."""
+    fs, path = url_to_fs(url, storage_options)
+    folder = f"{path.rstrip('/')}/{relpath}"
+    if not fs.exists(folder):
+        return []
+    entries = []
+    for p in sorted(fs.ls(folder, detail=False)):
+        if not str(p).endswith(".json"):
+            continue  # e.g. a ".partial" file of a job killed mid-write
+        try:
+            entries.append(json.loads(fs.cat_file(p)))
+        except ValueError:  # torn by a crash (stores without atomic writes): not an entry
+            continue
+    return entries
+
+
+def location(url: str, storage_options: dict[str, Any] | None) -> tuple[str, str]:
+    fs, path = url_to_fs(url, storage_options)
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("file", "local"):
+        path = os.path.realpath(path)
+    return (protocol, path.rstrip("/"))
+
+
+def inside(child: tuple[str, str], parent: tuple[str, str]) -> bool:
+    return child[0] == parent[0] and child[1].startswith(parent[1] + "/")
+
+
+def check_protocol(url: str, name: str) -> None:
+    protocol, _ = fsspec.core.split_protocol(url)
+    if protocol is None:
+        return
+    try:
+        fsspec.get_filesystem_class(protocol)
+    except ValueError as e:
+        raise UsageError(
+            f"{name} ({url}) has the unknown protocol '{protocol}://'; give a local path or an "
+            "fsspec URL such as s3://bucket/a.zarr"
+        ) from e
+    except ImportError as e:
+        raise UsageError(f"{name} ({url}) needs a package that is not installed: {e}") from e
+
+
+def local_path(url: str) -> str | None:
+    """The file system path of a local path or file:// URL; None for other URLs."""
+    if url.startswith("file://"):
+        return url.removeprefix("file://")
+    return None if "://" in url else url
+
+
+def fsspec_options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
+    """fsspec options apply only to URLs; zarr refuses them for local paths."""
+    if not storage_options or "://" not in url or url.startswith("file://"):
+        return None
+    return storage_options
