@@ -24,7 +24,7 @@ def format_plan(plan: MatmulPlan) -> str:
             "input chunks",
             f"A {plan.a.chunks[0]}x{plan.a.chunks[1]}, B {plan.b.chunks[0]}x{plan.b.chunks[1]}",
         ),
-        ("output chunks", f"{plan.out.chunks[0]}x{plan.out.chunks[1]}"),
+        ("output chunks", _layout(plan)),
         ("tiles", f"{plan.n_tiles} ({rows}x{cols}) of {plan.tile_shape[0]}x{plan.tile_shape[1]}"),
         (
             "K panels",
@@ -73,6 +73,11 @@ def format_summary(result: MultiplyResult) -> str:
         f"({_ratio(result.bytes_read, plan.lower_bound_read_bytes)} x lower bound); "
         f"verify {verified}"
     )
+
+
+def _layout(plan: MatmulPlan) -> str:
+    (r, c), shards = plan.out.chunks, plan.out.shards
+    return f"{r}x{c}" + (f" in shards of {shards[0]}x{shards[1]}" if shards else "")
 
 
 def _ratio(x: int, y: int) -> str:

@@ -1,12 +1,9 @@
 """Plan: the pure layer. Shapes, chunks, dtypes, workers and a memory budget in; a frozen
 ``MatmulPlan`` out. Imports none of dask, distributed, zarr or numba (tested)."""
 
-from pipeline.plan.matmul import (
-    DECODE_BYTES_PER_THREAD,
-    FLOPS_PER_THREAD,
-    MatmulPlan,
-    result_dtype,
-)
+from pipeline.plan.dtypes import OUT_DTYPES, output_dtypes, result_dtype
+from pipeline.plan.layout import output_spec, parse_pair
+from pipeline.plan.matmul import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.search import (
     MIN_TASKS,
@@ -15,20 +12,25 @@ from pipeline.plan.search import (
     plan_matmul,
     row_bands,
 )
-from pipeline.plan.spec import ArraySpec, StoreSpec, Tile
+from pipeline.plan.spec import ArraySpec, OutputSpec, StoreSpec, Tile
 from pipeline.plan.units import format_bytes, parse_size
 
 __all__ = [
     "DECODE_BYTES_PER_THREAD",
     "FLOPS_PER_THREAD",
     "MIN_TASKS",
+    "OUT_DTYPES",
     "WORKER_OVERHEAD_BYTES",
     "ArraySpec",
     "MatmulPlan",
+    "OutputSpec",
     "StoreSpec",
     "Tile",
     "format_bytes",
     "gemm_block",
+    "output_dtypes",
+    "output_spec",
+    "parse_pair",
     "parse_size",
     "plan_k_panels",
     "plan_matmul",

@@ -11,7 +11,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeline.errors import InputError
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.spec import ArraySpec, Tile
 
@@ -35,7 +34,7 @@ class MatmulPlan:
     compute_dtype: str
     """dtype of the accumulator and of the panels given to the kernel."""
     tile_shape: tuple[int, int]
-    """Rows and columns of a full tile, in elements (whole output chunks)."""
+    """Rows and columns of a full tile, in elements (whole output chunks, or shards)."""
     k_panels: tuple[tuple[int, int], ...]
     """[k0, k1) ranges that every tile streams, in order."""
     split_k: int
@@ -45,7 +44,8 @@ class MatmulPlan:
     memory_limit_bytes: int
     """Budget of one worker process, in bytes."""
     block_shape: tuple[int, int]
-    """Rows and columns of the fixed output blocks each gemm call computes (whole chunks)."""
+    """Rows and columns of the fixed output blocks each gemm call computes (whole chunks, or
+    whole shards when OUT is sharded)."""
     task_bytes: int
     """Projected peak host memory of one task, in bytes."""
     worker_bytes: int
@@ -137,19 +137,6 @@ class MatmulPlan:
     def k_groups(self) -> list[tuple[tuple[int, int], ...]]:
         """The K panels split into ``split_k`` contiguous groups (fixed order: deterministic)."""
         return [tuple(g) for g in _split_even(list(self.k_panels), self.split_k)]
-
-
-def result_dtype(a_dtype: str, b_dtype: str) -> tuple[str, str]:
-    """Output dtype (``numpy.result_type``) and accumulator dtype; refuses non-numeric ones."""
-    for name, dt in (("A", np.dtype(a_dtype)), ("B", np.dtype(b_dtype))):
-        if dt.kind not in "biufc":
-            raise InputError(
-                f"{name} has dtype {dt}, which is not numeric; "
-                "convert it to a float, integer or complex dtype"
-            )
-    out = np.result_type(a_dtype, b_dtype)
-    compute = np.dtype("float32") if out == np.float16 else out
-    return str(out), str(compute)
 
 
 def estimated_seconds(plan: MatmulPlan) -> float:

@@ -23,7 +23,8 @@ def calculate_task_bytes(
 ) -> tuple[int, int]:
     """Projected peak host and device bytes of one tile task.
 
-    ``dtypes``: A's, B's, the compute and the output dtype; ``chunks``: A's, B's and OUT's.
+    ``dtypes``: A's, B's, the compute and the output dtype; ``chunks``: A's, B's and OUT's
+    outer chunks (its shards when sharded: zarr encodes a shard whole before storing it).
     Host: the accumulator, plus the larger of two phases. Streaming K: two panels of A and B
     (the one in use and the one being prefetched), each in the stored and the compute dtype
     when those differ, and zarr's buffers for up to ZARR_CONCURRENCY chunks per panel read,

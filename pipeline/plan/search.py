@@ -14,14 +14,15 @@ import numpy as np
 
 from kernels.backends import CPU_GEMM_BLOCK, get_backend
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
-from pipeline.plan.matmul import MatmulPlan, ceil_div, estimated_seconds, result_dtype
+from pipeline.plan.layout import output_spec
+from pipeline.plan.matmul import MatmulPlan, ceil_div, estimated_seconds
 from pipeline.plan.memory import (
     WORKER_OVERHEAD_BYTES,
     calculate_cache_bytes,
     calculate_task_bytes,
     calculate_worker_bytes,
 )
-from pipeline.plan.spec import ArraySpec
+from pipeline.plan.spec import ArraySpec, OutputSpec
 from pipeline.plan.units import format_bytes
 
 MIN_TASKS = 8
@@ -64,12 +65,14 @@ def plan_matmul(
     tile_shape: tuple[int, int] | None = None,
     cache_fraction: float = 0.5,
     backend: str = "cpu",
+    output: OutputSpec | None = None,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
     ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with);
     ``cache_fraction`` of the spare memory holds decoded panels for reuse (0 turns it off);
-    ``backend`` (a name in kernels.backends) sets the smallest gemm block its rounding allows.
+    ``backend`` (a name in kernels.backends) sets the smallest gemm block its rounding allows;
+    ``output``: OUT's dtype, chunks and shards as asked (default: follow the inputs).
     """
     _check_operands(a, b)
     if workers < 1 or threads_per_worker < 1:
@@ -77,9 +80,8 @@ def plan_matmul(
             f"need at least one worker and one thread, got {workers} worker(s) "
             f"with {threads_per_worker} thread(s)"
         )
-    out_dtype, compute_dtype = result_dtype(a.dtype, b.dtype)
-    (m, k), n = a.shape, b.shape[1]
-    out = ArraySpec((m, n), (a.chunks[0], b.chunks[1]), out_dtype)
+    out, compute_dtype = output_spec(a, b, output or OutputSpec())
+    k = a.shape[1]
     width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
     panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
     block = gemm_block(out, get_backend(backend).min_gemm_block)
@@ -121,7 +123,7 @@ def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any
         tile_shape=(tm, tn),
         panel_width=max((k1 - k0 for k0, k1 in shared["k_panels"]), default=0),
         dtypes=(a.dtype, b.dtype, compute, out.dtype),
-        chunks=(a.chunks, b.chunks, out.chunks),
+        chunks=(a.chunks, b.chunks, out.outer_chunks),  # a shard is encoded whole
         split_k=split,
         first_band_rows=_first_band_rows(tm, shared["block_shape"][0]),
     )
@@ -187,8 +189,9 @@ def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
 
 
 def gemm_block(out: ArraySpec, min_block: int = CPU_GEMM_BLOCK) -> tuple[int, int]:
-    """Whole output chunks, at least ``min_block`` (or the whole axis) along each axis."""
-    (m, n), (cm, cn) = out.shape, out.chunks
+    """Whole output chunks (whole shards when sharded: one writer per stored object), at
+    least ``min_block`` (or the whole axis) along each axis."""
+    (m, n), (cm, cn) = out.shape, out.outer_chunks
     rows = min(cm * ceil_div(min_block, cm), max(m, 1))
     cols = min(cn * ceil_div(min_block, cn), max(n, 1))
     return (max(rows, 1), max(cols, 1))
@@ -233,13 +236,14 @@ def _split_k(out: ArraySpec, block: tuple[int, int], panels: int) -> int:
 
 def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
     need = plan.worker_bytes + WORKER_OVERHEAD_BYTES
+    shards = " (or give OUT smaller --shards: a tile holds whole shards)" if plan.out.shards else ""
     return (
         f"no plan fits the memory limit: the smallest needs {format_bytes(need)} per worker "
         f"({plan.threads_per_worker} thread(s) x {format_bytes(plan.task_bytes)} per task for "
         f"{plan.tile_shape[0]}x{plan.tile_shape[1]} tiles, plus "
         f"{format_bytes(WORKER_OVERHEAD_BYTES)} overhead) but the limit is "
         f"{format_bytes(memory_limit_bytes)}; raise --memory-limit, use fewer threads per "
-        "worker, or store the inputs with smaller chunks"
+        f"worker, or store the inputs with smaller chunks{shards}"
     )
 
 

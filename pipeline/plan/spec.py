@@ -16,6 +16,28 @@ class ArraySpec:
     """Chunk rows and columns, in elements."""
     dtype: str
     """numpy dtype string, e.g. ``"float32"``."""
+    shards: tuple[int, int] | None = None
+    """Shard rows and columns (Zarr v3 sharding), in elements; None when unsharded."""
+
+    @property
+    def outer_chunks(self) -> tuple[int, int]:
+        """What is stored as one object, and so must have one writer: the shard when sharded,
+        else the chunk."""
+        return self.shards or self.chunks
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """What the caller asked of OUT; None follows the inputs (see pipeline.plan.layout)."""
+
+    dtype: str | None = None
+    """numpy dtype name; None: ``numpy.result_type`` of the inputs."""
+    chunks: tuple[int, int] | None = None
+    """Chunk rows and columns, in elements; None: (A's row chunk, B's column chunk)."""
+    shards: tuple[int, int] | None = None
+    """Shard rows and columns, in elements; None: the inputs' shards when they are sharded."""
+    zarr_format: int = 3
+    """3, or 2 inside a Zarr v2 group (xarray would not see a v3 array there): no shards."""
 
 
 @dataclass(frozen=True)
