@@ -15,6 +15,10 @@ class UsageError(PipelineError, ValueError):
     """A bad option or argument value."""
 
 
+class ArgumentTypeError(UsageError, TypeError):
+    """An argument of the wrong type (the API's A, B or OUT given as something else)."""
+
+
 class InputNotFoundError(PipelineError, FileNotFoundError):
     """An input path or URL holds no Zarr array."""
 

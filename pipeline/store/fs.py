@@ -79,6 +79,49 @@ def check_protocol(url: str, name: str) -> None:
         raise UsageError(f"{name} ({url}) needs a package that is not installed: {e}") from e
 
 
+NOT_SHARED = ("memory",)
+"""Protocols whose data lives in one process: the workers (other processes) can't see it."""
+NOT_WRITABLE = ("zip", "tar", "http", "https")
+"""Protocols OUT can't be written to: an archive takes one writer at a time (every tile task
+writes its own chunks at once), HTTP is read-only."""
+
+
+def check_shared(url: str, name: str) -> None:
+    """Refuse a store the Dask workers, in other processes, cannot see."""
+    protocol, _ = fsspec.core.split_protocol(url)
+    if protocol in NOT_SHARED:
+        fix = "write OUT to" if name == "OUT" else "write it to"
+        raise UsageError(
+            f"{name} ({url}) is in {protocol}://, which each process has its own copy of: "
+            f"the Dask workers can't see it; {fix} a path or shared storage instead"
+        )
+
+
+def check_writable(url: str) -> None:
+    """Refuse an OUT that can't take concurrent writers (an archive) or can't be written."""
+    check_shared(url, "OUT")
+    protocol, _ = fsspec.core.split_protocol(url)
+    archive = protocol in ("zip", "tar") or url.rstrip("/").lower().endswith((".zip", ".tar"))
+    if archive:
+        raise UsageError(
+            f"OUT ({url}) is an archive, which can't take concurrent writers (every tile task "
+            "writes its own chunks at once); write OUT to a directory or an object store, "
+            "then archive it if you need to (e.g. `cd c.zarr && zip -r0 ../c.zip .`)"
+        )
+    if protocol in NOT_WRITABLE:
+        raise UsageError(
+            f"OUT ({url}) is read-only over {protocol}://; write OUT to a path or an object "
+            "store such as s3://bucket/c.zarr"
+        )
+
+
+def normalize_url(url: str) -> str:
+    """``file://`` URLs become plain paths: zarr's local store creates folders as it writes
+    (fsspec's local file system does not), and paths compare the same way everywhere."""
+    local = local_path(url)
+    return local if local is not None and url.startswith("file://") else url
+
+
 def local_path(url: str) -> str | None:
     """The file system path of a local path or file:// URL; None for other URLs."""
     if url.startswith("file://"):

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import base64
+import cmath
+import contextlib
 import json
 import os
+import struct
+import zipfile
 from typing import Any
 
 import numpy as np
@@ -13,18 +18,31 @@ from numpy.typing import NDArray
 
 from pipeline.errors import InputError, InputNotFoundError, UsageError, storage_problem
 from pipeline.plan.spec import ArraySpec
-from pipeline.store.fs import check_protocol, fsspec_options, local_path, url_to_fs
+from pipeline.store.fs import (
+    check_protocol,
+    check_shared,
+    fsspec_options,
+    local_path,
+    url_to_fs,
+)
 from pipeline.store.handles import cached_array
 
 
 def open_input(url: str, storage_options: dict[str, Any] | None = None, name: str = "A") -> Any:
     """Open a Zarr array read-only, or raise a PipelineError that names the problem."""
     check_protocol(url, name)
+    check_shared(url, name)
     local = local_path(url)
     if local is not None and os.path.islink(local) and not os.path.exists(local):
         raise InputNotFoundError(
             f"{name} ({url}) is a symbolic link that leads nowhere (a loop, or a missing "
             "target); point it at a Zarr array"
+        )
+    if local is not None and os.path.isfile(local) and zipfile.is_zipfile(local):
+        raise InputError(
+            f"{name} ({url}) is a zip archive; address the array inside it as "
+            f"zip://PATH-IN-ARCHIVE::{os.path.abspath(local)} (e.g. zip://A::...; "
+            "zip://::... when the array is the archive's root)"
         )
     if local is None:
         _probe(url, storage_options, name)
@@ -63,11 +81,84 @@ def array_spec(array: Any, name: str) -> ArraySpec:
             f"{name} has chunks {array.chunks[0]}x{array.chunks[1]} in its metadata; a chunk "
             "must be at least 1x1: rewrite the array with chunks such as 1024x1024"
         )
+    shards = getattr(array, "shards", None)
     return ArraySpec(
         (int(array.shape[0]), int(array.shape[1])),
         (int(array.chunks[0]), int(array.chunks[1])),
         str(dtype),
+        (int(shards[0]), int(shards[1])) if shards else None,
     )
+
+
+PACKING = ("scale_factor", "add_offset")
+"""CF attributes of packed data: the stored integers are not the values (xarray decodes them)."""
+MISSING = ("_FillValue", "missing_value")
+"""CF attributes naming a value that means "missing"."""
+
+
+def check_encoding(array: Any, name: str, url: str) -> None:
+    """Refuse CF-packed inputs and inputs with missing-value markers: both would be multiplied
+    as raw numbers. (A NaN marker is fine: NaN elements give NaN products, visibly.)"""
+    attrs = dict(array.attrs)
+    packed = {k: attrs[k] for k in PACKING if k in attrs}
+    if packed:
+        listed = ", ".join(f"{k}={v}" for k, v in packed.items())
+        raise InputError(
+            f"{name} ({url}) is CF-packed ({listed}): its stored {array.dtype} values are not "
+            "its values and would be multiplied raw; unpack it first, e.g. "
+            "xr.open_zarr(STORE).drop_encoding().to_zarr(NEW_STORE) writes the decoded floats"
+        )
+    for key, marker in _missing_markers(array, attrs):
+        if not _is_nan(marker):
+            raise InputError(
+                f"{name} ({url}) marks missing elements with {key}={marker}, which would be "
+                "multiplied as a number; fill them first (e.g. xarray's .fillna(0)) and write "
+                "the array without that attribute, or delete it if nothing is missing"
+            )
+
+
+def _missing_markers(array: Any, attrs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """CF missing-value markers: the attributes (xarray writes a float's as base64 of its
+    float64 bytes in v3); for a v2 array xarray wrote (it has _ARRAY_DIMENSIONS), zarr's
+    fill_value is its _FillValue."""
+    found = [(k, _decode_marker(attrs[k])) for k in MISSING if k in attrs]
+    v2 = array.metadata.zarr_format == 2
+    if v2 and "_ARRAY_DIMENSIONS" in attrs and array.fill_value is not None:
+        found.append(("_FillValue", _decode_marker(array.fill_value)))
+    return found
+
+
+def _decode_marker(value: Any) -> Any:
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, str) for v in value):
+        return complex(_b64_float(value[0]), _b64_float(value[1]))  # xarray's complex
+    if isinstance(value, list) and len(value) == 1:  # CF allows a one-element list
+        value = value[0]
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError, struct.error):
+            return _b64_float(value)
+        with contextlib.suppress(ValueError):
+            return float(value)  # "NaN", "Infinity"
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _b64_float(text: str) -> float:
+    return float(struct.unpack("<d", base64.b64decode(text, validate=True))[0])
+
+
+def _is_nan(value: Any) -> bool:
+    return isinstance(value, (float, complex)) and cmath.isnan(value)
+
+
+def dimension_names(array: Any) -> tuple[str | None, str | None]:
+    """The array's dimension names: Zarr v3 ``dimension_names``, or xarray's v2
+    ``_ARRAY_DIMENSIONS`` attribute; None where unnamed."""
+    names = getattr(array.metadata, "dimension_names", None)
+    if names is None:
+        names = dict(array.attrs).get("_ARRAY_DIMENSIONS")
+    if not isinstance(names, (list, tuple)) or len(names) != 2:
+        return (None, None)
+    first, second = (n if isinstance(n, str) and n else None for n in names)
+    return (first, second)
 
 
 def worker_array(url: str, storage_options: dict[str, Any], token: str) -> Any:

@@ -14,14 +14,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import dask
+import numcodecs
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
-from pipeline.store import journal, lock
+from pipeline.store import groups, journal, lock
 from pipeline.store.fs import (
     check_protocol,
+    check_writable,
     fsspec_options,
     inside,
     location,
@@ -46,8 +48,10 @@ class Output:
     """fsspec options (``endpoint_url``, ``anon``, ...)."""
 
     def check_path(self, inputs: list[str]) -> None:
-        """Refuse OUT equal to, inside, or containing an input (overwrite could destroy it)."""
+        """Refuse OUT equal to, inside, or containing an input (overwrite could destroy it),
+        and stores that can't take concurrent writers."""
         check_protocol(self.url, "OUT")
+        check_writable(self.url)
         out_key = location(self.url, self.storage_options)
         for name, url in zip(("A", "B", "C"), inputs, strict=False):
             key = location(url, self.storage_options)
@@ -96,22 +100,53 @@ class Output:
         chunks: tuple[int, int],
         dtype: str,
         attributes: dict[str, Any],
+        *,
+        shards: tuple[int, int] | None = None,
+        dimension_names: tuple[str, str] | None = None,
+        zarr_format: int = 3,
     ) -> Any:
-        """Create (or replace) OUT as a Zarr v3 array. Floats are filled with NaN so unwritten
-        tiles show."""
+        """Create (or replace) OUT: Zarr v3 (v2 inside a v2 group, with xarray's
+        ``_ARRAY_DIMENSIONS``). Floats are filled with NaN so unwritten tiles show."""
         fill = np.nan if np.dtype(dtype).kind in "fc" else 0
+        attrs: dict[str, Any] = {ATTRS_KEY: attributes}
+        names: dict[str, Any] = {}
+        if dimension_names is not None and zarr_format == 3:
+            names["dimension_names"] = dimension_names
+        elif dimension_names is not None:
+            attrs["_ARRAY_DIMENSIONS"] = list(dimension_names)
         return zarr.create_array(
             self.url,
             shape=shape,
             chunks=tuple(max(c, 1) for c in chunks),
+            shards=shards,
             dtype=dtype,
             fill_value=fill,
-            compressors=output_compressors(dtype),
-            zarr_format=3,
-            attributes={ATTRS_KEY: attributes},
+            compressors=output_compressors(dtype, zarr_format),
+            zarr_format=zarr_format,  # type: ignore[arg-type]
+            attributes=attrs,
             storage_options=fsspec_options(self.url, self.storage_options),
             overwrite=True,
+            **names,
         )
+
+    def zarr_format(self) -> int:
+        """The format to write OUT in: 2 inside a Zarr v2 group (which sees only v2 arrays)."""
+        return groups.output_format(self.url, self.storage_options)
+
+    def layout(self) -> dict[str, Any]:
+        """An existing OUT's dtype, chunks, shards and format (what --resume keeps)."""
+        array = self._open("r")
+        shards = getattr(array, "shards", None)
+        return {
+            "zarr_format": int(array.metadata.zarr_format),
+            "dtype": str(array.dtype),
+            "chunks": tuple(int(c) for c in array.chunks),
+            "shards": tuple(int(c) for c in shards) if shards else None,
+        }
+
+    def refresh_consolidated(self) -> list[str]:
+        """Re-consolidate the groups around OUT that have consolidated metadata."""
+        return groups.refresh_consolidated(self.url, self.storage_options)
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[dict[str, Any]]:
@@ -145,7 +180,7 @@ class Output:
         return zarr.open_array(self.url, mode=mode, storage_options=options)
 
 
-def output_compressors(dtype: str) -> Any:
+def output_compressors(dtype: str, zarr_format: int = 3) -> Any:
     """The output codec: config ``tilegemm.output-compressor`` = auto | none | lz4 | zstd.
 
     auto: none for float and complex products — their mantissas are noise (Blosc-LZ4 stored
@@ -157,6 +192,8 @@ def output_compressors(dtype: str) -> Any:
         choice = "none" if np.dtype(dtype).kind in "fc" else "lz4"
     if choice == "none":
         return None
+    if choice == "lz4" and zarr_format == 2:
+        return [numcodecs.Blosc(cname="lz4", clevel=5, shuffle=numcodecs.Blosc.SHUFFLE)]
     if choice == "lz4":
         return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
     if choice == "zstd":

@@ -1,0 +1,83 @@
+"""The Zarr groups OUT sits in: their format (a v2 group only sees v2 arrays) and their
+consolidated metadata, refreshed once OUT is complete so xarray's ``open_zarr`` lists it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import zarr
+
+from pipeline.store.fs import fsspec_options, local_path
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    url: str
+    zarr_format: int
+    consolidated: bool
+    """The group has consolidated metadata (which readers like xarray trust over listings)."""
+
+
+def enclosing_groups(url: str, storage_options: dict[str, Any]) -> list[GroupInfo]:
+    """The Zarr groups holding ``url``, innermost first (up to the first non-group folder)."""
+    groups = []
+    for parent in _parents(url):
+        try:
+            with _quiet():
+                group = zarr.open_group(
+                    parent, mode="r", storage_options=fsspec_options(parent, storage_options)
+                )
+        except Exception:  # noqa: BLE001 - not a group (or unreadable): the hierarchy ends
+            break
+        meta = group.metadata
+        groups.append(GroupInfo(parent, meta.zarr_format, meta.consolidated_metadata is not None))
+    return groups
+
+
+def output_format(url: str, storage_options: dict[str, Any]) -> int:
+    """2 when OUT goes into a Zarr v2 group (a v3 array there is invisible to it), else 3."""
+    groups = enclosing_groups(url, storage_options)
+    return 2 if groups and groups[0].zarr_format == 2 else 3
+
+
+def refresh_consolidated(url: str, storage_options: dict[str, Any]) -> list[str]:
+    """Re-consolidate every enclosing group that has consolidated metadata (innermost first,
+    so an outer one includes the inner one's); returns their URLs."""
+    done = []
+    for info in enclosing_groups(url, storage_options):
+        if not info.consolidated:
+            continue
+        options = fsspec_options(info.url, storage_options)
+        with _quiet():
+            group = zarr.open_group(info.url, mode="r+", storage_options=options)
+            zarr.consolidate_metadata(group.store, path=group.path)
+        done.append(info.url)
+    return done
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """zarr warns that consolidated metadata is not in the v3 spec yet; xarray writes it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
+        yield
+
+
+def _parents(url: str) -> Iterator[str]:
+    """``s3://b/ds.zarr/sub/C`` -> ``s3://b/ds.zarr/sub``, ``s3://b/ds.zarr``, ``s3://b``."""
+    local = local_path(url)
+    if local is not None:
+        path = os.path.abspath(local)
+        while os.path.dirname(path) != path:
+            path = os.path.dirname(path)
+            yield path
+        return
+    protocol, rest = url.split("://", 1)
+    parts = rest.rstrip("/").split("/")
+    for end in range(len(parts) - 1, 0, -1):
+        yield f"{protocol}://{'/'.join(parts[:end])}"
