@@ -1,16 +1,22 @@
-"""One updating line on a terminal: tiles done, GFLOP/s, bytes read and an ETA.
+"""One updating line on a terminal: tiles and K panels done, GFLOP/s, bytes read and an ETA.
 
-Every tile is the same GEMM (edge tiles smaller), so the ETA is remaining flops at the rate
-measured so far; before the first tile finishes it is the planner's estimate minus the time spent.
+Finished tiles count from their own stats; running tasks from the panel events they send
+(pipeline.run.events), so the line moves within a tile. Only work computed in this run counts
+(tiles a --resume skips are not in it). The ETA is the remaining flops at the rate measured so
+far; before any panel is done it is the planner's estimate minus the time spent.
 """
 
 from __future__ import annotations
 
 import sys
+import threading
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 from pipeline.plan.units import format_bytes
+
+Counts = tuple[int, int, int]
+"""K panels, flops, bytes read."""
 
 
 class ProgressLine:
@@ -21,31 +27,70 @@ class ProgressLine:
         enabled: bool,
         stream: TextIO | None = None,
         estimate: float | None = None,
+        panels: int = 0,
     ) -> None:
         self.tiles, self.flops, self.enabled = tiles, max(flops, 1), enabled
+        self.panels = panels
+        """K panels of every tile to compute, summed."""
         self.estimate = estimate
         self.stream = stream or sys.stderr
         self.started = time.perf_counter()
-        self.done_tiles = self.done_flops = self.bytes_read = 0
+        self.done_tiles = 0
+        self._finished: Counts = (0, 0, 0)
+        self._finished_tiles: set[tuple[int, int]] = set()
+        self._running: dict[tuple[tuple[int, int], int], Counts] = {}
+        """Latest totals of each running task, by (tile, first K of its group)."""
+        self._lock = threading.Lock()  # events arrive on the client's event-loop thread
 
-    def add(self, flops: int, bytes_read: int) -> None:
-        self.done_tiles += 1
-        self.done_flops += flops
-        self.bytes_read += bytes_read
+    def add(
+        self, flops: int, bytes_read: int, tile: tuple[int, int] | None = None, panels: int = 0
+    ) -> None:
+        """A tile is written: its stats replace its tasks' running totals."""
+        with self._lock:
+            self.done_tiles += 1
+            if tile is not None:
+                self._finished_tiles.add(tile)
+                for key in [key for key in self._running if key[0] == tile]:
+                    del self._running[key]
+            p, f, b = self._finished
+            self._finished = (p + panels, f + flops, b + bytes_read)
+
+    def task_progress(self, event: dict[str, Any]) -> None:
+        """A running task's totals (an event from pipeline.run.events.PanelReporter)."""
+        tile = (int(event["tile"][0]), int(event["tile"][1]))
+        counts = (int(event["panels"]), int(event["flops"]), int(event["bytes"]))
+        with self._lock:
+            if tile not in self._finished_tiles:  # a late event of a written tile
+                self._running[(tile, int(event["k0"]))] = counts
+
+    def totals(self) -> Counts:
+        """Panels, flops and bytes done so far, running tasks included."""
+        with self._lock:
+            rows = [self._finished, *self._running.values()]
+        return (sum(r[0] for r in rows), sum(r[1] for r in rows), sum(r[2] for r in rows))
+
+    @property
+    def done_flops(self) -> int:
+        return self.totals()[1]
+
+    @property
+    def bytes_read(self) -> int:
+        return self.totals()[2]
 
     def text(self) -> str:
         elapsed = time.perf_counter() - self.started
-        rate = self.done_flops / elapsed if elapsed > 0 else 0.0
+        panels, flops, bytes_read = self.totals()
+        rate = flops / elapsed if elapsed > 0 else 0.0
         if rate > 0:
-            eta: float | None = (self.flops - self.done_flops) / rate
+            eta: float | None = max(self.flops - flops, 0) / rate
         elif self.estimate is not None:
             eta = max(self.estimate - elapsed, 0.0)
         else:
             eta = None
         return (
-            f"tiles {self.done_tiles}/{self.tiles} | {rate / 1e9:.1f} GFLOP/s | "
-            f"read {format_bytes(self.bytes_read)} | {_clock(elapsed)} elapsed | "
-            f"ETA {_clock(eta) if eta is not None else '--:--'}"
+            f"tiles {self.done_tiles}/{self.tiles} | panels {panels}/{self.panels} | "
+            f"{rate / 1e9:.1f} GFLOP/s | read {format_bytes(bytes_read)} | "
+            f"{_clock(elapsed)} elapsed | ETA {_clock(eta) if eta is not None else '--:--'}"
         )
 
     def draw(self) -> None:

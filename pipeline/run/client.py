@@ -17,7 +17,7 @@ from kernels.backends import AUTO, BACKENDS, BackendSpec, get_backend, probe_dev
 from pipeline.errors import BackendUnavailableError, ClusterError, JobError, PipelineError
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
-from pipeline.run import worker
+from pipeline.run import events, worker
 from pipeline.run.worker import TaskSpec, TileStats
 
 log = logging.getLogger("pipeline")
@@ -114,25 +114,32 @@ def _tree_sum(
 
 
 def collect(
-    client: Client, futures: dict[tuple[int, int], Future[Any]], plan: MatmulPlan, progress: bool
+    client: Client,
+    futures: dict[tuple[int, int], Future[Any]],
+    plan: MatmulPlan,
+    progress: bool,
+    run_id: str = "",
 ) -> RunStats:
-    """Wait for the tiles, drawing the progress line; on the first failure cancel the rest."""
+    """Wait for the tiles, drawing the progress line (with progress on, the tasks of job
+    ``run_id`` report their panels); on the first failure cancel the rest."""
     flops = {t.index: 2 * t.shape[0] * t.shape[1] * plan.a.shape[1] for t in plan.tiles()}
     todo = sum(flops[i] for i in futures)
     estimate = plan.estimated_seconds * todo / max(plan.flops, 1)
-    line = ProgressLine(len(futures), todo, progress, estimate=estimate)
+    panels = len(plan.k_panels)  # per tile, whatever its split
+    line = ProgressLine(len(futures), todo, progress, None, estimate, len(futures) * panels)
     pending, stats = set(futures.values()), []
     try:
-        while pending:
-            done, pending = _wait_some(pending)
-            for future in done:
-                if future.status == "error":
-                    client.cancel(list(pending))
-                    raise _job_error(future, len(futures))
-                tile: TileStats = future.result()
-                stats.append(tile)
-                line.add(flops[tile.index], tile.bytes_read)
-            line.draw()
+        with events.subscribe(client, run_id if progress else "", line.task_progress):
+            while pending:
+                done, pending = _wait_some(pending)
+                for future in done:
+                    if future.status == "error":
+                        client.cancel(list(pending))
+                        raise _job_error(future, len(futures))
+                    tile: TileStats = future.result()
+                    stats.append(tile)
+                    line.add(flops[tile.index], tile.bytes_read, tile.index, panels)
+                line.draw()
     finally:
         line.close()
     stats.sort(key=lambda s: s.index)

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from kernels.backends import make_accumulator
 from pipeline.plan import StoreSpec, Tile, row_bands
+from pipeline.run import events
 from pipeline.run.panels import CACHE
 from pipeline.store import inputs
 from pipeline.store.output import Output
@@ -37,6 +38,8 @@ class TaskSpec:
     run_id: str = ""
     """Unique per job: cached panels never outlive the job that decoded them (inputs may be
     rewritten in place between jobs on a long-lived cluster)."""
+    progress: bool = False
+    """Send per-panel progress events (pipeline.run.events)."""
 
     @property
     def output(self) -> Output:
@@ -124,15 +127,19 @@ def _multiply(
     b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     CACHE.use(spec.run_id, spec.cache_bytes)
     bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
+    k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
+    report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
     bytes_read = 0
     for i, (a_panel, b_panel, decoded) in enumerate(_prefetched(spec, a, b, tile, panels)):
         bytes_read += decoded
         if finished is None or i < len(panels) - 1:
             acc.add(a_panel, b_panel)
+            report.panel_done(events.panel_flops(a_panel, b_panel), decoded)
             continue
         for band in bands:
             acc.add(a_panel[band[0] : band[1]], b_panel, rows=band)
             finished(band)
+        report.panel_done(events.panel_flops(a_panel, b_panel), decoded)
     if finished is not None and not panels:  # K == 0: the zero product, written as is
         for band in bands:
             finished(band)
