@@ -41,6 +41,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
     )
     _cluster_args(mul)
+    mul.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
+        "products that could overflow it are refused",
+    )
+    mul.add_argument(
+        "--chunks", metavar="RxC", help="OUT's chunks (default: A's row chunk x B's column chunk)"
+    )
+    mul.add_argument(
+        "--shards",
+        metavar="RxC",
+        help="OUT's Zarr v3 shards, whole chunks each (default: the inputs' shards, if any)",
+    )
     write = mul.add_mutually_exclusive_group()
     write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
     write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
@@ -138,6 +152,9 @@ def run_multiply(args: argparse.Namespace) -> int:
         args.out,
         backend=args.backend,
         memory_limit=args.memory_limit,
+        dtype=args.dtype,
+        chunks=args.chunks,
+        shards=args.shards,
         overwrite=args.overwrite,
         resume=args.resume,
         verify=args.verify,

@@ -21,7 +21,8 @@ import psutil
 from distributed import Client
 
 from cluster import ClusterSpec
-from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, plan_matmul
+from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
+from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.report import format_plan
 from pipeline.run.client import (
     collect,
@@ -46,6 +47,8 @@ class JobOptions:
     resume: bool = False
     verify: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict)
+    output: OutputSpec = field(default_factory=OutputSpec)
+    """OUT's dtype, chunks and shards as asked (None: follow the inputs) and Zarr format."""
     progress: bool = False
     cluster: ClusterSpec = field(default_factory=ClusterSpec)
     """The cluster to start or join when ``execute`` is given no client."""
@@ -84,6 +87,8 @@ class MatmulJob:
     """OUT's attributes when it already exists (ours), else None."""
     plan: MatmulPlan
     """Planned for the cluster the options describe; ``execute`` re-plans for the live one."""
+    dimension_names: tuple[str, str] = DEFAULT_DIMENSIONS
+    """OUT's dimension names (A's rows, B's columns), for xarray."""
 
     @property
     def output(self) -> Output:
@@ -111,11 +116,13 @@ class MatmulJob:
             skip = self._start_output(plan, spec.fingerprint)
             with self.output.locked():
                 try:
-                    run = collect(c, submit_plan(c, plan, spec, skip), plan, self.options.progress)
+                    futures = submit_plan(c, plan, spec, skip)
+                    run = collect(c, futures, plan, self.options.progress, spec.run_id)
                 finally:
                     release_panels(c, spec.run_id)
                 self.output.mark(spec.fingerprint, complete=True)
                 verified = self._verify(c, spec.fingerprint) if self.options.verify else None
+                self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
         return MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
@@ -132,6 +139,7 @@ class MatmulJob:
             cache_bytes=plan.cache_bytes,
             block_shape=plan.block_shape,
             run_id=uuid.uuid4().hex,
+            progress=self.options.progress,
         )
 
     def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
@@ -139,7 +147,11 @@ class MatmulJob:
         if self.options.resume and self.state is not None:
             return self.output.finished_tiles(plan, fp, self.state)
         attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
-        self.output.create(plan.out.shape, plan.out.chunks, plan.out.dtype, attributes)
+        self.output.create(
+            plan.out.shape, plan.out.chunks, plan.out.dtype, attributes,
+            shards=plan.out.shards, dimension_names=self.dimension_names,
+            zarr_format=self.options.output.zarr_format,
+        )  # fmt: skip
         return set()
 
     def _verify(self, client: Client, fp: str) -> bool:
@@ -188,21 +200,29 @@ def plan_for(
         threads_per_worker=threads,
         memory_limit_bytes=limit,
         tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
+        output=options.output,
     )
 
 
 def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
     """Digest of what decides the output's bytes: the inputs (shapes, chunks, dtypes, metadata)
-    and the tiling."""
+    and the tiling, and OUT's layout (dtype, chunks, shards): --resume refuses another one.
+    Unset fields are left out, so the digests of plans without them did not change."""
     key = {
         "inputs": inputs_digest,
-        "a": asdict(plan.a),
-        "b": asdict(plan.b),
-        "out": asdict(plan.out),
+        "a": _key(plan.a, inputs=True),
+        "b": _key(plan.b, inputs=True),
+        "out": _key(plan.out),
         "tile": plan.tile_shape,
         "panels": plan.k_panels,
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _key(spec: ArraySpec, inputs: bool = False) -> dict[str, Any]:
+    """An ArraySpec for the fingerprint: an input's shards are in the metadata digest already."""
+    skip = ("shards",) if inputs else ()
+    return {k: v for k, v in asdict(spec).items() if v is not None and k not in skip}
 
 
 @contextlib.contextmanager
