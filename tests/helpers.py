@@ -61,13 +61,14 @@ def random_matrix(rng: np.random.Generator, shape: tuple[int, int], dtype: str) 
     return rng.integers(-5, 5, shape).astype(dt)
 
 
-def assert_product(out: Any, a: Any, b: Any) -> None:
-    """out == a @ b against float64 (or complex128) numpy, tolerance by dtype and |A|·|B|."""
+def assert_product(out: Any, a: Any, b: Any, dtype: str | None = None) -> None:
+    """out == a @ b against float64 (or complex128) numpy, tolerance by dtype and |A|·|B|;
+    out's dtype is ``dtype`` when given, else numpy.result_type(a, b)."""
     got = np.asarray(out)
     wide = "complex128" if np.iscomplexobj(a) or np.iscomplexobj(b) else "float64"
     want = a.astype(wide) @ b.astype(wide)
     assert got.shape == want.shape
-    assert got.dtype == np.result_type(a.dtype, b.dtype)
+    assert got.dtype == np.dtype(dtype or np.result_type(a.dtype, b.dtype))
     assert not np.isnan(got).any(), "unwritten (NaN) elements in the output"
     if got.dtype.kind in "iub":
         np.testing.assert_array_equal(got, want.astype(got.dtype))

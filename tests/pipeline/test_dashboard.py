@@ -55,14 +55,16 @@ def task_prefixes(base: str) -> set[str]:
 def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
     # Integer products go through numpy's loops, not BLAS: ~20 s of work here from 8 MiB
     # inputs, on one thread. The job is stopped as soon as the dashboard has been seen.
+    # int16 inputs into int64 (--dtype): int32 inputs could overflow any integer dtype.
     rng = np.random.default_rng(0)
-    a = rng.integers(-5, 5, (2048, 1024), dtype=np.int32)
-    b = rng.integers(-5, 5, (1024, 2048), dtype=np.int32)
+    a = rng.integers(-5, 5, (2048, 1024), dtype=np.int16)
+    b = rng.integers(-5, 5, (1024, 2048), dtype=np.int16)
     a_url = write_array(tmp_path / "a.zarr", a, (512, 512))
     b_url = write_array(tmp_path / "b.zarr", b, (512, 512))
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     options = f"--dashboard-address 127.0.0.1:{port} --threads-per-worker 1 --no-progress"
+    options += " --dtype int64"
     job = subprocess.Popen(
         [sys.executable, "-m", "pipeline", "multiply", a_url, b_url, str(tmp_path / "c.zarr")]
         + options.split(),

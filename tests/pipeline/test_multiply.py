@@ -47,7 +47,7 @@ def run_case(
     c = zarr.open_array(out, mode="r")
     assert c.metadata.zarr_format == 3
     assert c.chunks == (max(a_chunks[0], 1), max(b_chunks[1], 1))
-    assert_product(c[:], a, b)
+    assert_product(c[:], a, b, kwargs.get("dtype"))  # type: ignore[arg-type]
     assert result.shape == (m, n)
     assert result.tiles_computed == result.plan.n_tiles
     assert dict(c.attrs)["tilegemm"]["complete"] is True
@@ -84,17 +84,20 @@ def test_shapes_and_chunkings(
 
 
 @pytest.mark.parametrize(
-    ("a_dtype", "b_dtype"),
+    ("a_dtype", "b_dtype", "dtype"),
     [
-        ("float64", "float64"),  # double
-        ("float32", "float64"),  # mixed: float64 output
-        ("float16", "float16"),  # half, accumulated in float32
-        ("int32", "int16"),  # integers: exact
-        ("complex64", "complex64"),  # complex
+        ("float64", "float64", None),  # double
+        ("float32", "float64", None),  # mixed: float64 output
+        ("float16", "float16", None),  # half, accumulated in float32
+        ("int32", "int16", "int64"),  # integers: exact (int32 could overflow: refused)
+        ("complex64", "complex64", None),  # complex
     ],
 )
-def test_dtypes(tmp_path: Path, client: Client, a_dtype: str, b_dtype: str) -> None:
-    run_case(tmp_path, client, 45, 37, 29, (10, 9), (12, 8), a_dtype, b_dtype)
+def test_dtypes(
+    tmp_path: Path, client: Client, a_dtype: str, b_dtype: str, dtype: str | None
+) -> None:
+    options = {"dtype": dtype} if dtype else {}
+    run_case(tmp_path, client, 45, 37, 29, (10, 9), (12, 8), a_dtype, b_dtype, **options)
 
 
 def test_zarr_v2_inputs(tmp_path: Path, client: Client) -> None:

@@ -86,3 +86,19 @@ def test_cli_on_s3(s3: dict[str, Any], tmp_path: Any) -> None:
     a = zarr.open_array(urls[0], mode="r", storage_options=s3)[:]
     b = zarr.open_array(urls[1], mode="r", storage_options=s3)[:]
     assert_product(zarr.open_array(urls[2], mode="r", storage_options=s3)[:], a, b)
+
+
+def test_arrays_opened_on_s3_bring_their_options(s3: dict[str, Any], client: Client) -> None:
+    """zarr.Array objects as A and B: their file system's options reach the workers (and OUT)
+    without storage_options=."""
+    rng = np.random.default_rng(12)
+    a, b = random_matrix(rng, (33, 21), "float32"), random_matrix(rng, (21, 17), "float32")
+    a_array = zarr.open_array(
+        put("s3://bucket/t3/a.zarr", a, (10, 7), s3), mode="r", storage_options=s3
+    )
+    b_array = zarr.open_array(
+        put("s3://bucket/t3/b.zarr", b, (7, 10), s3), mode="r", storage_options=s3
+    )
+    out = "s3://bucket/t3/c.zarr"
+    multiply(a_array, b_array, out, client=client)
+    assert_product(zarr.open_array(out, mode="r", storage_options=s3)[:], a, b)
