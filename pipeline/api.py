@@ -58,15 +58,7 @@ def prepare(
         raise UsageError(f"unknown backend {backend!r}; choose {', '.join(CHOICES)}")
     if overwrite and resume:
         raise UsageError("--overwrite and --resume exclude each other; pick one")
-    (a_url, a_opts), (b_url, b_opts) = locate(a, "A"), locate(b, "B")
-    out_url, out_opts = locate(out, "OUT")
-    given = dict(storage_options or {})
-    sources = [("storage_options=", given), ("A", a_opts), ("B", b_opts), ("OUT", out_opts)]
-    request = OutputSpec(
-        None if dtype is None else parse_dtype(dtype),
-        parse_pair(chunks, "--chunks"),
-        parse_pair(shards, "--shards"),
-    )
+    urls, storage = _locate((a, b, out), storage_options)
     options = JobOptions(
         backend=backend,
         memory_limit_bytes=parse_size(memory_limit)
@@ -75,29 +67,50 @@ def prepare(
         overwrite=overwrite,
         resume=resume,
         verify=verify,
-        storage_options=merge_options(sources),
-        output=request,
+        storage_options=storage,
+        output=OutputSpec(
+            None if dtype is None else parse_dtype(dtype),
+            parse_pair(chunks, "--chunks"),
+            parse_pair(shards, "--shards"),
+        ),
         progress=progress,
         cluster=cluster or ClusterSpec(),
         report=report,
     )
-    arrays = (
-        inputs.open_input(a_url, options.storage_options, "A"),
-        inputs.open_input(b_url, options.storage_options, "B"),
-    )
-    for array, url, name in ((arrays[0], a_url, "A"), (arrays[1], b_url, "B")):
+    return _validated(StoreSpec(*urls, storage), options, out)
+
+
+def _locate(
+    given: tuple[Any, Any, Any], storage_options: dict[str, Any] | None
+) -> tuple[tuple[str, str, str], dict[str, Any]]:
+    """A, B and OUT's URLs, and one set of fsspec options: the caller's and the arrays' own."""
+    located = [locate(x, name) for x, name in zip(given, ("A", "B", "OUT"), strict=True)]
+    sources = [("storage_options=", dict(storage_options or {}))]
+    sources += [(name, opts) for (_, opts), name in zip(located, ("A", "B", "OUT"), strict=True)]
+    urls = (located[0][0], located[1][0], located[2][0])
+    return urls, merge_options(sources)
+
+
+def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> MatmulJob:
+    """Open the inputs read-only, refuse bad input and plan (no cluster, nothing written)."""
+    names = (("A", store.a_url), ("B", store.b_url))
+    arrays = [inputs.open_input(url, store.storage_options, name) for name, url in names]
+    for array, (name, url) in zip(arrays, names, strict=True):
         inputs.check_encoding(array, name, url)
-    a_spec, b_spec = inputs.array_spec(arrays[0], "A"), inputs.array_spec(arrays[1], "B")
-    output = Output(out_url, options.storage_options)
-    output.check_path([a_url, b_url])
-    state = _state(output, out)
-    options = replace(options, output=_output_request(output, request, state, resume))
+    a_spec, b_spec = (
+        inputs.array_spec(x, name) for x, (name, _) in zip(arrays, names, strict=True)
+    )
+    output = Output(store.out_url, store.storage_options)
+    output.check_path([store.a_url, store.b_url])
+    state = _state(output, out_given)
+    options = replace(
+        options, output=_output_request(output, options.output, state, options.resume)
+    )
     # Refuse a plan that cannot fit (or an unsafe dtype, a bad layout) before starting anything.
     plan = plan_for(a_spec, b_spec, options, state, live=None)
-    store = StoreSpec(a_url, b_url, out_url, options.storage_options)
-    names = dimension_names(inputs.dimension_names(arrays[0]), inputs.dimension_names(arrays[1]))
-    digest = _metadata_digest(arrays)
-    return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, names)
+    dims = dimension_names(inputs.dimension_names(arrays[0]), inputs.dimension_names(arrays[1]))
+    digest = _metadata_digest((arrays[0], arrays[1]))
+    return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims)
 
 
 def multiply(
