@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_multiply(args: argparse.Namespace) -> int:
     from pipeline.api import prepare
-    from pipeline.report import format_summary
+    from pipeline.report import format_accounting, format_summary
 
     job = prepare(
         args.a,
@@ -155,6 +155,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         print(job.describe())
         return 0
     result = job.execute()
+    print(format_accounting(result))
     print(format_summary(result))
     if result.verified is False:
         print(

@@ -29,6 +29,8 @@ from pipeline.run.client import (
     release_panels,
     resolve_backend,
     submit_plan,
+    usage_since,
+    worker_usage,
 )
 from pipeline.run.worker import TaskSpec
 from pipeline.store.output import Output
@@ -68,6 +70,10 @@ class MultiplyResult:
     plan: MatmulPlan
     verified: bool | None = None
     """None when not asked to verify."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """The worker processes' user and system seconds and page faults during the tiles."""
 
 
 @dataclass(frozen=True)
@@ -110,16 +116,18 @@ class MatmulJob:
             spec = self._task_spec(plan, backend)
             skip = self._start_output(plan, spec.fingerprint)
             with self.output.locked():
+                before = worker_usage(c)
                 try:
                     run = collect(c, submit_plan(c, plan, spec, skip), plan, self.options.progress)
                 finally:
                     release_panels(c, spec.run_id)
+                usage = usage_since(c, before)
                 self.output.mark(spec.fingerprint, complete=True)
                 verified = self._verify(c, spec.fingerprint) if self.options.verify else None
         seconds = time.perf_counter() - started
         return MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
-            run.bytes_read, backend, plan, verified,
+            run.bytes_read, backend, plan, verified, run.phases, usage,
         )  # fmt: skip
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:

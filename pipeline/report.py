@@ -65,14 +65,28 @@ def format_summary(result: MultiplyResult) -> str:
     seconds = max(result.seconds, 1e-9)
     plan = result.plan
     verified = {None: "not run", True: "passed", False: "FAILED"}[result.verified]
+    computed = plan.flops * result.tiles_computed // max(plan.n_tiles, 1)  # skipped: not ours
     return (
         f"done: {result.shape[0]}x{result.shape[1]} {result.dtype} in {result.seconds:.2f} s "
-        f"({plan.flops / seconds / 1e9:.1f} GFLOP/s, backend {result.backend}); "
+        f"({computed / seconds / 1e9:.1f} GFLOP/s, backend {result.backend}); "
         f"tiles computed {result.tiles_computed}, skipped {result.tiles_skipped}; "
         f"read {format_bytes(result.bytes_read)} "
         f"({_ratio(result.bytes_read, plan.lower_bound_read_bytes)} x lower bound); "
         f"verify {verified}"
     )
+
+
+def format_accounting(result: MultiplyResult) -> str:
+    """Where the tile tasks' time went (thread-seconds) and what the workers' processes used."""
+    phases = ", ".join(f"{k} {v:.2f}" for k, v in result.phases.items())
+    usage = result.usage
+    cpu = (
+        f"workers' CPU: user {usage['user_seconds']:.2f} s, system {usage['system_seconds']:.2f}"
+        f" s, {int(usage['page_faults'])} page faults"
+        if usage
+        else "workers' CPU: not measured"
+    )
+    return f"time: thread-seconds {phases or 'none'}; {cpu}"
 
 
 def _ratio(x: int, y: int) -> str:
