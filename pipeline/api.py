@@ -11,7 +11,7 @@ from distributed import Client
 from cluster import ClusterSpec
 from kernels.backends import CHOICES
 from pipeline.errors import UsageError
-from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for
+from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for, planning_backend
 from pipeline.plan import StoreSpec, parse_size
 from pipeline.store import inputs
 from pipeline.store.output import Output
@@ -24,6 +24,7 @@ def prepare(
     *,
     backend: str = "auto",
     memory_limit: int | str | None = None,
+    device_memory_limit: int | str | None = None,
     overwrite: bool = False,
     resume: bool = False,
     verify: bool = False,
@@ -41,9 +42,8 @@ def prepare(
         raise UsageError("--overwrite and --resume exclude each other; pick one")
     options = JobOptions(
         backend=backend,
-        memory_limit_bytes=parse_size(memory_limit)
-        if isinstance(memory_limit, str)
-        else memory_limit,
+        memory_limit_bytes=_bytes(memory_limit),
+        device_memory_limit_bytes=_bytes(device_memory_limit),
         overwrite=overwrite,
         resume=resume,
         verify=verify,
@@ -61,7 +61,7 @@ def prepare(
     output.check_path([a, b])
     state = output.state()
     # Refuse a plan that cannot fit before starting anything.
-    plan = plan_for(a_spec, b_spec, options, state, live=None)
+    plan = plan_for(a_spec, b_spec, options, state, None, planning_backend(backend))
     store = StoreSpec(a, b, out, options.storage_options)
     return MatmulJob(store, a_spec, b_spec, options, _metadata_digest(arrays), state, plan)
 
@@ -74,6 +74,7 @@ def multiply(
     client: Client | None = None,
     backend: str = "auto",
     memory_limit: int | str | None = None,
+    device_memory_limit: int | str | None = None,
     overwrite: bool = False,
     resume: bool = False,
     verify: bool = False,
@@ -84,11 +85,16 @@ def multiply(
 ) -> MultiplyResult:
     """Compute ``out = a @ b`` for Zarr arrays at paths or fsspec URLs; see the README."""
     job = prepare(
-        a, b, out, backend=backend, memory_limit=memory_limit, overwrite=overwrite,
+        a, b, out, backend=backend, memory_limit=memory_limit,
+        device_memory_limit=device_memory_limit, overwrite=overwrite,
         resume=resume, verify=verify, storage_options=storage_options, progress=progress,
         cluster=cluster, report=report,
     )  # fmt: skip
     return job.execute(client)
+
+
+def _bytes(size: int | str | None) -> int | None:
+    return parse_size(size) if isinstance(size, str) else size
 
 
 def _metadata_digest(arrays: tuple[Any, Any]) -> str:

@@ -41,6 +41,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
     )
     _cluster_args(mul)
+    mul.add_argument(
+        "--device-memory-limit",
+        type=_size,
+        metavar="SIZE",
+        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
+    )
     write = mul.add_mutually_exclusive_group()
     write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
     write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
@@ -138,6 +144,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         args.out,
         backend=args.backend,
         memory_limit=args.memory_limit,
+        device_memory_limit=args.device_memory_limit,
         overwrite=args.overwrite,
         resume=args.resume,
         verify=args.verify,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
+from pipeline.plan.matmul import cpu_resource_seconds
 from pipeline.plan.units import format_bytes
 
 if TYPE_CHECKING:
@@ -36,19 +37,11 @@ def format_plan(plan: MatmulPlan) -> str:
             f"{plan.workers} x {plan.threads_per_worker} thread(s), "
             f"{format_bytes(plan.memory_limit_bytes)} each",
         ),
-        (
-            "memory per task",
-            f"{format_bytes(plan.task_bytes)} host, "
-            f"{format_bytes(plan.device_bytes)} device (cuda)",
-        ),
+        ("memory per task", _task_memory(plan)),
         ("memory per worker", format_bytes(plan.worker_bytes)),
         ("flops", f"{plan.flops:.3e}"),
-        (
-            "estimated time",
-            f"{plan.estimated_seconds:.1f} s on this cluster (CPU model: "
-            f"{FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s and "
-            f"{DECODE_BYTES_PER_THREAD / 1e9:.1f} GB/s decode per thread)",
-        ),
+        ("estimated time", _estimate(plan)),
+        ("modelled seconds", _resources(plan)),
         (
             "planned reads",
             f"{format_bytes(plan.read_bytes)} = "
@@ -58,7 +51,41 @@ def format_plan(plan: MatmulPlan) -> str:
         ),
     ]
     width = max(len(name) for name, _ in lines)
-    return "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
+    table = "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
+    return f"{table}\nbound by: {plan.bound_by}"
+
+
+def _task_memory(plan: MatmulPlan) -> str:
+    if plan.device is None:
+        return (
+            f"{format_bytes(plan.task_bytes)} host, "
+            f"{format_bytes(plan.device_bytes)} device (if run on a GPU)"
+        )
+    return (
+        f"{format_bytes(plan.task_bytes)} host (pinned staging), "
+        f"{format_bytes(plan.device_bytes)} device of {format_bytes(plan.device.memory_bytes)}"
+    )
+
+
+def _estimate(plan: MatmulPlan) -> str:
+    if plan.device is None:
+        return (
+            f"{plan.estimated_seconds:.1f} s on this cluster (CPU model: "
+            f"{FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s and "
+            f"{DECODE_BYTES_PER_THREAD / 1e9:.1f} GB/s decode per thread)"
+        )
+    d = plan.device
+    return (
+        f"{plan.estimated_seconds:.1f} s on this cluster ({d.name} {d.source}: "
+        f"{d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s peak, "
+        f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped)"
+    )
+
+
+def _resources(plan: MatmulPlan) -> str:
+    seconds = plan.resource_seconds or cpu_resource_seconds(plan)
+    where = "per worker" if plan.device is not None else "per worker, threads shared"
+    return ", ".join(f"{name} {value:.2f}" for name, value in seconds) + f" ({where})"
 
 
 def format_summary(result: MultiplyResult) -> str:
