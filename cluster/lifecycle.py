@@ -8,9 +8,11 @@ import os
 import socket
 from collections.abc import Iterator
 
+import dask
 from distributed import Client
 
 from cluster.spec import ClusterSpec, local_cluster_options
+from cluster.tuning import keep_freed_memory, nanny_environ
 
 log = logging.getLogger("pipeline")
 CONNECT_TIMEOUT_S = 10
@@ -47,12 +49,14 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
     # "Compute Failed" log (with a traceback) shows only with --debug.
     debug = log.isEnabledFor(logging.DEBUG)
     options = {**options, "silence_logs": logging.WARNING if debug else logging.CRITICAL}
+    if not options.get("processes", True):
+        keep_freed_memory()  # the worker is this process
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
-        cluster = LocalCUDACluster(**options)
+        with dask.config.set(nanny_environ()):
+            cluster = LocalCUDACluster(**options)
     else:
-        import dask
         from distributed import LocalCluster
 
         # The plan keeps memory within the limit; distributed's pause (at 80 % of the limit,
@@ -62,6 +66,7 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
                 "distributed.worker.memory.pause": False,
                 "distributed.worker.memory.spill": False,
                 "distributed.worker.memory.target": False,
+                **nanny_environ(),
             }
         ):
             cluster = LocalCluster(**options)

@@ -20,7 +20,7 @@ from numpy.typing import DTypeLike
 from cluster import ClusterSpec
 from kernels.backends import CHOICES
 from pipeline.errors import UnsafeOutputError, UsageError
-from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for
+from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for, planning_backend
 from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import dimension_names
@@ -39,6 +39,7 @@ def prepare(
     *,
     backend: str = "auto",
     memory_limit: int | str | None = None,
+    device_memory_limit: int | str | None = None,
     dtype: DTypeLike | None = None,
     chunks: Pair | None = None,
     shards: Pair | None = None,
@@ -61,9 +62,8 @@ def prepare(
     urls, storage = _locate((a, b, out), storage_options)
     options = JobOptions(
         backend=backend,
-        memory_limit_bytes=parse_size(memory_limit)
-        if isinstance(memory_limit, str)
-        else memory_limit,
+        memory_limit_bytes=_bytes(memory_limit),
+        device_memory_limit_bytes=_bytes(device_memory_limit),
         overwrite=overwrite,
         resume=resume,
         verify=verify,
@@ -97,9 +97,7 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     arrays = [inputs.open_input(url, store.storage_options, name) for name, url in names]
     for array, (name, url) in zip(arrays, names, strict=True):
         inputs.check_encoding(array, name, url)
-    a_spec, b_spec = (
-        inputs.array_spec(x, name) for x, (name, _) in zip(arrays, names, strict=True)
-    )
+    a_spec, b_spec = inputs.array_spec(arrays[0], "A"), inputs.array_spec(arrays[1], "B")
     output = Output(store.out_url, store.storage_options)
     output.check_path([store.a_url, store.b_url])
     state = _state(output, out_given)
@@ -107,7 +105,7 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
         options, output=_output_request(output, options.output, state, options.resume)
     )
     # Refuse a plan that cannot fit (or an unsafe dtype, a bad layout) before starting anything.
-    plan = plan_for(a_spec, b_spec, options, state, live=None)
+    plan = plan_for(a_spec, b_spec, options, state, None, planning_backend(options.backend))
     dims = dimension_names(inputs.dimension_names(arrays[0]), inputs.dimension_names(arrays[1]))
     digest = _metadata_digest((arrays[0], arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims)
@@ -121,6 +119,7 @@ def multiply(
     client: Client | None = None,
     backend: str = "auto",
     memory_limit: int | str | None = None,
+    device_memory_limit: int | str | None = None,
     dtype: DTypeLike | None = None,
     chunks: Pair | None = None,
     shards: Pair | None = None,
@@ -135,11 +134,16 @@ def multiply(
     """Compute ``out = a @ b`` for Zarr arrays (paths, fsspec URLs or zarr.Array objects);
     see the README."""
     job = prepare(
-        a, b, out, backend=backend, memory_limit=memory_limit, dtype=dtype, chunks=chunks,
-        shards=shards, overwrite=overwrite, resume=resume, verify=verify,
-        storage_options=storage_options, progress=progress, cluster=cluster, report=report,
+        a, b, out, backend=backend, memory_limit=memory_limit,
+        device_memory_limit=device_memory_limit, dtype=dtype, chunks=chunks, shards=shards,
+        overwrite=overwrite, resume=resume, verify=verify, storage_options=storage_options,
+        progress=progress, cluster=cluster, report=report,
     )  # fmt: skip
     return job.execute(client)
+
+
+def _bytes(size: int | str | None) -> int | None:
+    return parse_size(size) if isinstance(size, str) else size
 
 
 def _state(output: Output, given: object) -> dict[str, Any] | None:

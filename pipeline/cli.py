@@ -42,6 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _cluster_args(mul)
     mul.add_argument(
+        "--device-memory-limit",
+        type=_size,
+        metavar="SIZE",
+        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
+    )
+    mul.add_argument(
         "--dtype",
         metavar="DTYPE",
         help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
@@ -144,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_multiply(args: argparse.Namespace) -> int:
     from pipeline.api import prepare
-    from pipeline.report import format_summary
+    from pipeline.report import format_accounting, format_summary
 
     job = prepare(
         args.a,
@@ -152,6 +158,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         args.out,
         backend=args.backend,
         memory_limit=args.memory_limit,
+        device_memory_limit=args.device_memory_limit,
         dtype=args.dtype,
         chunks=args.chunks,
         shards=args.shards,
@@ -172,6 +179,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         print(job.describe())
         return 0
     result = job.execute()
+    print(format_accounting(result))
     print(format_summary(result))
     if result.verified is False:
         print(

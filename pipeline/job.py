@@ -21,7 +21,10 @@ import psutil
 from distributed import Client
 
 from cluster import ClusterSpec
+from kernels.backends import AUTO, BACKENDS
+from pipeline.errors import UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
+from pipeline.plan.device import DEVICE_CLASSES, DeviceModel, default_decode_threads
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.report import format_plan
 from pipeline.run.client import (
@@ -30,6 +33,8 @@ from pipeline.run.client import (
     release_panels,
     resolve_backend,
     submit_plan,
+    usage_since,
+    worker_usage,
 )
 from pipeline.run.worker import TaskSpec
 from pipeline.store.output import Output
@@ -43,6 +48,8 @@ class JobOptions:
     """A name in kernels.backends, or "auto"."""
     memory_limit_bytes: int | None = None
     """Per worker, in bytes: the plan must fit it, and local workers get it as their limit."""
+    device_memory_limit_bytes: int | None = None
+    """Per worker's GPU, in bytes: GPU plans fit it (None: the device's own memory)."""
     overwrite: bool = False
     resume: bool = False
     verify: bool = False
@@ -71,6 +78,10 @@ class MultiplyResult:
     plan: MatmulPlan
     verified: bool | None = None
     """None when not asked to verify."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """The worker processes' user and system seconds and page faults during the tiles."""
 
 
 @dataclass(frozen=True)
@@ -100,9 +111,10 @@ class MatmulJob:
 
     __str__ = describe
 
-    def for_cluster(self, client: Client, backend: str = "cpu") -> MatmulJob:
-        """The same job planned for the workers of ``client``."""
-        return replace(self, plan=plan_job(self, describe_workers(client), backend))
+    def for_cluster(self, client: Client, backend: str | None = None) -> MatmulJob:
+        """The same job planned for the workers of ``client`` (and a resolved backend)."""
+        chosen = backend or planning_backend(self.options.backend)
+        return replace(self, plan=plan_job(self, describe_workers(client), chosen))
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed)."""
@@ -115,18 +127,20 @@ class MatmulJob:
             spec = self._task_spec(plan, backend)
             skip = self._start_output(plan, spec.fingerprint)
             with self.output.locked():
+                before = worker_usage(c)
                 try:
                     futures = submit_plan(c, plan, spec, skip)
                     run = collect(c, futures, plan, self.options.progress, spec.run_id)
                 finally:
                     release_panels(c, spec.run_id)
+                usage = usage_since(c, before)
                 self.output.mark(spec.fingerprint, complete=True)
                 verified = self._verify(c, spec.fingerprint) if self.options.verify else None
                 self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
         return MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
-            run.bytes_read, backend, plan, verified,
+            run.bytes_read, backend, plan, verified, run.phases, usage,
         )  # fmt: skip
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
@@ -166,6 +180,11 @@ class MatmulJob:
         return result.passed
 
 
+def planning_backend(requested: str) -> str:
+    """The backend to plan for before the workers are asked: the one named, else the CPU."""
+    return "cpu" if requested == AUTO else requested
+
+
 def plan_job(job: MatmulJob, live: dict[str, Any] | None, backend: str = "cpu") -> MatmulPlan:
     """Plan for the live workers when known, else for the cluster the options will start."""
     return plan_for(job.a, job.b, job.options, job.state, live, backend)
@@ -179,13 +198,16 @@ def plan_for(
     live: dict[str, Any] | None,
     backend: str = "cpu",
 ) -> MatmulPlan:
-    """``live``: describe_workers() of a running cluster, or None before one is started."""
+    """``live``: describe_workers() of a running cluster, or None before one is started.
+    ``backend``: a resolved one, or the one asked for (GPU backends plan for their device)."""
     total = psutil.virtual_memory().total
     budget = options.memory_limit_bytes
+    gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
     if live is None:
         workers = options.cluster.workers or 1
         cores = psutil.cpu_count() or 1
-        threads = options.cluster.threads_per_worker or max(cores // workers, 1)
+        # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
+        threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
         limit = budget or total // workers
     else:
         workers, threads = live["workers"], live["threads"]
@@ -200,8 +222,25 @@ def plan_for(
         threads_per_worker=threads,
         memory_limit_bytes=limit,
         tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
+        device=device_model(options, live) if gpu else None,
+        decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
         output=options.output,
     )
+
+
+def device_model(options: JobOptions, live: dict[str, Any] | None) -> DeviceModel:
+    """The workers' calibrated GPU when known, else the configured device class's defaults
+    (``tilegemm.device-class``); capped by --device-memory-limit."""
+    model = (live or {}).get("device")
+    if model is None:
+        name = str(dask.config.get("tilegemm.device-class", "h100-pcie")).lower()
+        if name not in DEVICE_CLASSES:
+            raise UsageError(
+                f"tilegemm.device-class is {name!r}; use one of {', '.join(DEVICE_CLASSES)}"
+            )
+        model = DEVICE_CLASSES[name]
+    cap = options.device_memory_limit_bytes
+    return replace(model, memory_bytes=min(model.memory_bytes, cap)) if cap else model
 
 
 def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:

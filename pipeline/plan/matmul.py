@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from pipeline.plan.device import DeviceModel
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.spec import ArraySpec, Tile
 
@@ -54,6 +55,12 @@ class MatmulPlan:
     """Projected device memory of one task on the cuda backend, in bytes."""
     cache_bytes: int = 0
     """Budget of each worker's shared cache of decoded panels, in bytes (spare memory)."""
+    device: DeviceModel | None = None
+    """The GPU each worker drives (None: a CPU plan, the accumulator on the host)."""
+    resource_seconds: tuple[tuple[str, float], ...] = ()
+    """A GPU plan's modelled busy seconds per resource of one worker (see plan.device)."""
+    modelled_seconds: float | None = None
+    """A GPU plan's modelled makespan, in seconds (None: the CPU model)."""
 
     @property
     def grid(self) -> tuple[int, int]:
@@ -113,18 +120,32 @@ class MatmulPlan:
 
     @property
     def lower_bound_read_bytes(self) -> int:
-        """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per worker thread."""
+        """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per worker thread (its
+        share of the GPU's memory on a GPU plan, else of the worker's memory limit)."""
         (m, k), n = self.a.shape, self.b.shape[1]
         item = max(np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize)
-        per_thread = (self.memory_limit_bytes - WORKER_OVERHEAD_BYTES) // self.threads_per_worker
+        fast = (
+            self.device.memory_bytes
+            if self.device
+            else self.memory_limit_bytes - WORKER_OVERHEAD_BYTES
+        )
+        per_thread = fast // self.threads_per_worker
         s = max(per_thread // np.dtype(self.compute_dtype).itemsize, 1)
         bound = int(2 * m * n * k / math.sqrt(s)) * item
         return max(bound, self.compulsory_read_bytes)
 
     @property
     def estimated_seconds(self) -> float:
-        """The planner's makespan model on this plan's workers (CPU rates; a rough guide)."""
+        """The planner's makespan model on this plan's workers (a rough guide)."""
+        if self.modelled_seconds is not None:
+            return self.modelled_seconds
         return estimated_seconds(self)
+
+    @property
+    def bound_by(self) -> str:
+        """The resource the model says limits the run."""
+        seconds = dict(self.resource_seconds or cpu_resource_seconds(self))
+        return max(seconds, key=lambda k: seconds[k])
 
     def tiles(self) -> Iterator[Tile]:
         """Tiles column by column: concurrent tiles then share B panels (see read_bytes)."""
@@ -137,6 +158,17 @@ class MatmulPlan:
     def k_groups(self) -> list[tuple[tuple[int, int], ...]]:
         """The K panels split into ``split_k`` contiguous groups (fixed order: deterministic)."""
         return [tuple(g) for g in _split_even(list(self.k_panels), self.split_k)]
+
+
+def cpu_resource_seconds(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
+    """A CPU plan's modelled seconds of BLAS and of decoding (sharing the worker threads)."""
+    threads = plan.workers * plan.threads_per_worker
+    rounds = ceil_div(plan.n_tasks, threads) / max(plan.n_tasks, 1)
+    rate = FLOPS_PER_THREAD * 4 / max(np.dtype(plan.compute_dtype).itemsize, 4)
+    return (
+        ("product", rounds * plan.flops / rate),
+        ("decode", rounds * plan.read_bytes / DECODE_BYTES_PER_THREAD),
+    )
 
 
 def estimated_seconds(plan: MatmulPlan) -> float:

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from kernels.backends import CPU_GEMM_BLOCK, get_backend
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
+from pipeline.plan.device import (
+    DECODE_BYTES_PER_SECOND,
+    DeviceModel,
+    GpuWork,
+    gpu_task_bytes,
+    makespan,
+    resource_seconds,
+)
 from pipeline.plan.layout import output_spec
-from pipeline.plan.matmul import MatmulPlan, ceil_div, estimated_seconds
+from pipeline.plan.matmul import TASK_OVERHEAD_SECONDS, MatmulPlan, ceil_div
 from pipeline.plan.memory import (
     WORKER_OVERHEAD_BYTES,
     calculate_cache_bytes,
@@ -65,6 +74,8 @@ def plan_matmul(
     tile_shape: tuple[int, int] | None = None,
     cache_fraction: float = 0.5,
     backend: str = "cpu",
+    device: DeviceModel | None = None,
+    decode_threads: int = 1,
     output: OutputSpec | None = None,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
@@ -72,6 +83,9 @@ def plan_matmul(
     ``tile_shape`` forces a tiling (--resume keeps the one OUT was started with);
     ``cache_fraction`` of the spare memory holds decoded panels for reuse (0 turns it off);
     ``backend`` (a name in kernels.backends) sets the smallest gemm block its rounding allows;
+    ``device``: plan a GPU backend's tiles against that device's memory (the accumulator
+    lives there; the host holds pinned staging) and its modelled rates, with
+    ``decode_threads`` host threads per worker decoding panels;
     ``output``: OUT's dtype, chunks and shards as asked (default: follow the inputs).
     """
     _check_operands(a, b)
@@ -84,7 +98,9 @@ def plan_matmul(
     k = a.shape[1]
     width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
     panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
-    block = gemm_block(out, get_backend(backend).min_gemm_block)
+    spec = get_backend(backend)
+    block = gemm_block(out, spec.min_gemm_block)
+    gpu = (device, spec.flops_fraction or 1.0, decode_threads) if device else None
     shared = {
         "a": a,
         "b": b,
@@ -101,11 +117,13 @@ def plan_matmul(
     smallest: MatmulPlan | None = None
     for shape in [tile_shape] if tile_shape else _tile_candidates(out, block):
         plan = _candidate(shape, cache_fraction, **shared)
+        if gpu:
+            plan = with_device(plan, *gpu)
         if smallest is None or plan.worker_bytes < smallest.worker_bytes:
             smallest = plan
-        if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
+        if not _fits(plan, memory_limit_bytes):
             continue
-        score = (estimated_seconds(plan), plan.read_bytes)
+        score = (plan.estimated_seconds, plan.read_bytes)
         if best is None or score < best[0]:
             best = (score, plan)
     if best is None:
@@ -151,6 +169,56 @@ def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any
         worker_bytes=worker + cache,
         device_bytes=device,
         cache_bytes=cache,
+    )
+
+
+def _fits(plan: MatmulPlan, memory_limit_bytes: int) -> bool:
+    if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
+        return False
+    busy = min(plan.threads_per_worker, plan.n_tasks)  # tasks sharing one worker's GPU
+    return plan.device is None or busy * plan.device_bytes <= plan.device.memory_bytes
+
+
+def with_device(
+    plan: MatmulPlan, device: DeviceModel, flops_fraction: float, decode_threads: int
+) -> MatmulPlan:
+    """The plan's memory and time on a GPU: accumulator on the device, staging on the host."""
+    (m, k), n = plan.a.shape, plan.b.shape[1]
+    tm, tn = plan.tile_shape
+    width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
+    dtypes = (plan.a.dtype, plan.b.dtype, plan.compute_dtype, plan.out.dtype)
+    band = _first_band_rows(tm, plan.block_shape[0])
+    host, dev = gpu_task_bytes(
+        tile_shape=(tm, tn), panel_width=width, dtypes=dtypes, band_rows=band
+    )
+    c, o = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
+    if plan.split_k > 1:  # partials come back to the host to be summed
+        host += 3 * tm * tn * c
+    busy = min(plan.threads_per_worker, plan.n_tasks)
+    host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
+    rows, cols = plan.grid
+    share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part
+    work = GpuWork(
+        read_bytes=share * plan.read_bytes,
+        copy_bytes=share * ((m * cols + n * rows) * k * c + m * n * c),
+        flops=share * plan.flops,
+        write_bytes=share * m * n * o,
+    )
+    seconds = resource_seconds(work, device, flops_fraction, plan.compute_dtype, decode_threads)
+    # Each task fills its pipeline (first panels decoded and copied: the device waits) and
+    # drains it (the last band written after the kernel), so fewer, bigger tiles fill less.
+    decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
+    first = (tm + tn) * width * c
+    fill = first / decode_rate + first / device.h2d_bytes_per_second + TASK_OVERHEAD_SECONDS
+    fill = share * plan.n_tasks * fill + band * tn * o / decode_rate
+    return replace(
+        plan,
+        task_bytes=host,
+        worker_bytes=host_worker + plan.cache_bytes,
+        device_bytes=dev,
+        device=device,
+        resource_seconds=tuple(seconds.items()),
+        modelled_seconds=makespan(seconds, fill),
     )
 
 
@@ -237,6 +305,15 @@ def _split_k(out: ArraySpec, block: tuple[int, int], panels: int) -> int:
 def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
     need = plan.worker_bytes + WORKER_OVERHEAD_BYTES
     shards = " (or give OUT smaller --shards: a tile holds whole shards)" if plan.out.shards else ""
+    busy = min(plan.threads_per_worker, plan.n_tasks)
+    if plan.device and need <= memory_limit_bytes:  # the GPU is what is short
+        return (
+            f"no plan fits the device memory: the smallest needs "
+            f"{format_bytes(busy * plan.device_bytes)} per GPU ({busy} task(s) x "
+            f"{format_bytes(plan.device_bytes)} for {plan.tile_shape[0]}x{plan.tile_shape[1]} "
+            f"tiles) but {plan.device.name} has {format_bytes(plan.device.memory_bytes)}; raise "
+            f"--device-memory-limit, or store the inputs with smaller chunks{shards}"
+        )
     return (
         f"no plan fits the memory limit: the smallest needs {format_bytes(need)} per worker "
         f"({plan.threads_per_worker} thread(s) x {format_bytes(plan.task_bytes)} per task for "

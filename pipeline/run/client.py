@@ -18,6 +18,7 @@ from pipeline.errors import BackendUnavailableError, ClusterError, JobError, Pip
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
 from pipeline.run import events, worker
+from pipeline.run.timing import add_phases, process_usage
 from pipeline.run.worker import TaskSpec, TileStats
 
 log = logging.getLogger("pipeline")
@@ -28,6 +29,14 @@ class RunStats:
     tiles_computed: int
     bytes_read: int
     stats: tuple[TileStats, ...]
+
+    @property
+    def phases(self) -> dict[str, float]:
+        """Thread-seconds per phase over every tile (see pipeline.run.timing)."""
+        total: dict[str, float] = {}
+        for tile in self.stats:
+            total = add_phases(total, tile.phases)
+        return total
 
 
 def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
@@ -185,3 +194,21 @@ def release_panels(client: Client, run_id: str) -> None:
         client.run(release, run_id)
     except Exception as e:  # noqa: BLE001 - never hide the job's own result or error
         log.debug("could not release cached panels: %s", e)
+
+
+def worker_usage(client: Client) -> dict[int, tuple[float, float, int]]:
+    """User s, system s and minor page faults of each worker process (by pid; an in-process
+    worker is the client's own process)."""
+    usage = client.run(process_usage)
+    return {pid: (user, system, faults) for pid, user, system, faults in usage.values()}
+
+
+def usage_since(client: Client, before: dict[int, tuple[float, float, int]]) -> dict[str, float]:
+    """What the worker processes used since ``before``: user and system seconds, page faults."""
+    after = worker_usage(client)
+    deltas = [
+        [x - y for x, y in zip(now, before.get(pid, (0.0, 0.0, 0)), strict=True)]
+        for pid, now in after.items()
+    ]
+    user, system, faults = (sum(d[i] for d in deltas) for i in range(3))
+    return {"user_seconds": user, "system_seconds": system, "page_faults": faults}

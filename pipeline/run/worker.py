@@ -6,7 +6,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -16,6 +16,7 @@ from kernels.backends import make_accumulator
 from pipeline.plan import StoreSpec, Tile, row_bands
 from pipeline.run import events
 from pipeline.run.panels import CACHE
+from pipeline.run.timing import PhaseTimes, add_phases
 from pipeline.store import inputs
 from pipeline.store.output import Output
 
@@ -53,6 +54,8 @@ class TileStats:
     seconds: float
     checksum: int
     """crc32 of the tile's bytes as written."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Thread-seconds per phase (see pipeline.run.timing)."""
 
 
 def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
@@ -61,25 +64,32 @@ def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
     Returns (partial, bytes_read). The next panel is read while the current one multiplies.
     """
     acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
-    bytes_read = _multiply(spec, tile, panels, acc)
-    return acc.result(), bytes_read
+    clock = PhaseTimes()
+    bytes_read = _multiply(spec, tile, panels, acc, clock)
+    with clock.measure("copy"):
+        partial = acc.result()
+    return partial, bytes_read, clock.as_dict()
 
 
 def sum_partials(x: Any, y: Any) -> Any:
-    """One node of the split-K tree: the sum of two (partial, bytes_read) pairs."""
-    return x[0] + y[0], x[1] + y[1]  # new array: a retried task must not see a mutated input
+    """One node of the split-K tree: the sum of two (partial, bytes_read, phases) triples."""
+    phases = add_phases(x[2], y[2])
+    return x[0] + y[0], x[1] + y[1], phases  # new array: a retry must not see a mutated input
 
 
 def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     """Write the tile's whole chunks (this task is their only writer), then journal it."""
     start = time.perf_counter()
-    partial, bytes_read = product
-    data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
-    if data.size:
-        spec.output.writable(spec.fingerprint)[
-            tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]
-        ] = data
-    return _journal(spec, tile, bytes_read, start, zlib.crc32(data.data))
+    partial, bytes_read, phases = product
+    clock = PhaseTimes()
+    with clock.measure("write"):
+        data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
+        if data.size:
+            spec.output.writable(spec.fingerprint)[
+                tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]
+            ] = data
+    phases = {k: v + clock.seconds[k] for k, v in phases.items()}
+    return _journal(spec, tile, bytes_read, start, zlib.crc32(data.data), phases)
 
 
 def tile_product_write(
@@ -90,14 +100,16 @@ def tile_product_write(
     start = time.perf_counter()
     out = spec.output.writable(spec.fingerprint)
     acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
+    clock = PhaseTimes()
     crc = [0]  # chained over the bands in row order: the whole tile's crc32
 
     def write(band: tuple[int, int], partial: NDArray[Any]) -> None:
-        data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
-        if data.size:
-            rows = (tile.rows[0] + band[0], tile.rows[0] + band[1])
-            out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
-        crc[0] = zlib.crc32(data.data, crc[0])
+        with clock.measure("write"):
+            data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
+            if data.size:
+                rows = (tile.rows[0] + band[0], tile.rows[0] + band[1])
+                out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
+            crc[0] = zlib.crc32(data.data, crc[0])
 
     # One writer thread: bands are written (and their crc chained) in row order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:
@@ -105,13 +117,17 @@ def tile_product_write(
 
         def finished(band: tuple[int, int]) -> None:
             if len(written) >= 2:
-                written[-2].result()  # at most two bands queued (host copies on the GPU path)
-            written.append(writer.submit(write, band, acc.result(band)))
+                with clock.measure("wait"):  # at most two bands queued (host copies on a GPU)
+                    written[-2].result()
+            with clock.measure("copy"):
+                partial = acc.result(band)
+            written.append(writer.submit(write, band, partial))
 
-        bytes_read = _multiply(spec, tile, panels, acc, finished)
-        for future in written:
-            future.result()  # a failed write raises here
-    return _journal(spec, tile, bytes_read, start, crc[0])
+        bytes_read = _multiply(spec, tile, panels, acc, clock, finished)
+        with clock.measure("wait"):
+            for future in written:
+                future.result()  # a failed write raises here
+    return _journal(spec, tile, bytes_read, start, crc[0], clock.as_dict())
 
 
 def _multiply(
@@ -119,6 +135,7 @@ def _multiply(
     tile: Tile,
     panels: tuple[tuple[int, int], ...],
     acc: Any,
+    clock: PhaseTimes,
     finished: Callable[[tuple[int, int]], None] | None = None,
 ) -> int:
     """Add every panel's product into ``acc``; returns the bytes decoded. With ``finished``,
@@ -130,14 +147,16 @@ def _multiply(
     k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
     report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
     bytes_read = 0
-    for i, (a_panel, b_panel, decoded) in enumerate(_prefetched(spec, a, b, tile, panels)):
+    for i, (a_panel, b_panel, decoded) in enumerate(_prefetched(spec, a, b, tile, panels, clock)):
         bytes_read += decoded
         if finished is None or i < len(panels) - 1:
-            acc.add(a_panel, b_panel)
+            with clock.measure("product"):
+                acc.add(a_panel, b_panel)
             report.panel_done(events.panel_flops(a_panel, b_panel), decoded)
             continue
         for band in bands:
-            acc.add(a_panel[band[0] : band[1]], b_panel, rows=band)
+            with clock.measure("product"):
+                acc.add(a_panel[band[0] : band[1]], b_panel, rows=band)
             finished(band)
         report.panel_done(events.panel_flops(a_panel, b_panel), decoded)
     if finished is not None and not panels:  # K == 0: the zero product, written as is
@@ -146,15 +165,22 @@ def _multiply(
     return bytes_read
 
 
-def _journal(spec: TaskSpec, tile: Tile, bytes_read: int, start: float, crc: int) -> TileStats:
+def _journal(
+    spec: TaskSpec, tile: Tile, bytes_read: int, start: float, crc: int, phases: dict[str, float]
+) -> TileStats:
     """Record the written tile in OUT/journal/ (what --resume trusts), with its crc32."""
-    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, crc)
+    stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, crc, phases)
     spec.output.journal_tile(tile.index, {"fingerprint": spec.fingerprint, **asdict(stats)})
     return stats
 
 
 def _prefetched(
-    spec: TaskSpec, a: Any, b: Any, tile: Tile, panels: tuple[tuple[int, int], ...]
+    spec: TaskSpec,
+    a: Any,
+    b: Any,
+    tile: Tile,
+    panels: tuple[tuple[int, int], ...],
+    clock: PhaseTimes,
 ) -> Iterator[tuple[NDArray[Any], NDArray[Any], int]]:
     """Yield (A panel, B panel, bytes decoded here) in K order, reading panel i+1 in a thread
     while panel i is used; panels another task of this worker decoded are reused."""
@@ -162,9 +188,12 @@ def _prefetched(
     def one(array: Any, url: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
         key = (spec.run_id, url, rows, cols, spec.compute_dtype)
         name = "A" if url == spec.store.a_url else "B"
-        block, mine = CACHE.get(
-            key, lambda: inputs.read_block(array, rows, cols, spec.compute_dtype, name, url)
-        )
+
+        def decode() -> NDArray[Any]:
+            with clock.measure("decode"):
+                return inputs.read_block(array, rows, cols, spec.compute_dtype, name, url)
+
+        block, mine = CACHE.get(key, decode)
         return block, _stored_bytes(array, block) if mine else 0
 
     if not panels:
@@ -179,7 +208,8 @@ def _prefetched(
             )
 
         def finish(pending: tuple[Any, Any]) -> tuple[NDArray[Any], NDArray[Any], int]:
-            (pa, na), (pb, nb) = pending[0].result(), pending[1].result()
+            with clock.measure("wait"):
+                (pa, na), (pb, nb) = pending[0].result(), pending[1].result()
             return pa, pb, na + nb
 
         pending = start(panels[0])

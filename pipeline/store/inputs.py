@@ -15,6 +15,7 @@ import numpy as np
 import zarr
 import zarr.errors
 from numpy.typing import NDArray
+from zarr.core.buffer.cpu import NDBuffer
 
 from pipeline.errors import InputError, InputNotFoundError, UsageError, storage_problem
 from pipeline.plan.spec import ArraySpec
@@ -173,14 +174,21 @@ def read_block(
     dtype: str,
     name: str = "input",
     url: str = "",
+    out: NDArray[Any] | None = None,
 ) -> NDArray[Any]:
-    """A C-contiguous block in ``dtype``, read by slice (no rechunk of the store).
+    """A C-contiguous block in ``dtype``, read by slice (no rechunk of the store); with
+    ``out`` (C-contiguous, of the block's shape and ``dtype``) decoded straight into it, each
+    chunk cast by numpy as ``ascontiguousarray`` would, so the values are the same.
 
     A stored chunk that cannot be read or decoded (corrupt, truncated, unreadable) becomes an
     InputError naming it; a connection error stays as it is (the storage, not the input).
     """
+    selection = (slice(rows[0], rows[1]), slice(cols[0], cols[1]))
     try:
-        block = array[rows[0] : rows[1], cols[0] : cols[1]]
+        if out is not None:
+            array.get_basic_selection(selection, out=NDBuffer.from_numpy_array(out))
+            return out
+        block = array[selection]
     except Exception as e:
         bad = None if storage_problem(e, None) else _bad_chunk(array, rows, cols)
         if bad is None:

@@ -1,0 +1,122 @@
+"""The GPU side of the plan (pure): a device's memory and rates, and the modelled seconds each
+resource — storage, host decode, host→device copies, the kernel, the output write — spends
+on a plan. The stages overlap in the staged engine, so the busiest resource bounds the run.
+
+The device classes below are planning defaults, not measurements of ours: they come from the
+vendor's figures (BRIEF.md: H100 PCIe FP32 ≈ 51 TFLOP/s peak, cuBLAS SGEMM ≈ 47, FP64 ≈ 26,
+≈ 50 GB/s pinned host→device). A live job replaces them with a calibration on its workers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+DECODE_BYTES_PER_SECOND = 0.6e9
+"""Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
+STORAGE_BYTES_PER_SECOND = 2e9
+"""Storage read rate of one worker, in bytes/s (a planning default: local NVMe or a fast
+object store; slower storage shows as `bound by: storage`)."""
+DEVICE_SLOTS = 2
+"""Panel pairs resident on the device: one being copied in while the other is multiplied."""
+STAGED_PANELS = 2
+"""Panel pairs staged in pinned host memory ahead of the device, per task."""
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One worker's GPU, as the planner sees it."""
+
+    name: str
+    memory_bytes: int
+    """Device memory a worker's tasks may use, in bytes."""
+    float32_flops: float
+    """Peak float32 rate, in flop/s; a backend reaches its ``flops_fraction`` of it."""
+    float64_flops: float
+    """Peak float64 rate, in flop/s."""
+    h2d_bytes_per_second: float
+    """Host→device copy rate from pinned memory (device→host taken as the same)."""
+    source: str
+    """Where the figures come from: "defaults", "calibrated" or "emulated"."""
+
+    def flops(self, dtype: str) -> float:
+        return self.float64_flops if np.dtype(dtype).itemsize >= 8 else self.float32_flops
+
+
+DEVICE_CLASSES = {
+    "h100-pcie": DeviceModel("H100-PCIe", 80 * 2**30, 51e12, 26e12, 50e9, "defaults"),
+    "a100-40gb": DeviceModel("A100-40GB", 40 * 2**30, 19.5e12, 9.7e12, 25e9, "defaults"),
+    "l4": DeviceModel("L4", 24 * 2**30, 30e12, 0.5e12, 25e9, "defaults"),
+}
+"""Named device classes for plans made with no device at hand (--dry-run)."""
+
+
+@dataclass(frozen=True)
+class GpuWork:
+    """A plan's work for one worker (one GPU), in bytes and flops."""
+
+    read_bytes: float
+    """Stored input bytes read and decoded."""
+    copy_bytes: float
+    """Panel bytes copied host→device, plus the result copied back."""
+    flops: float
+    write_bytes: float
+    """Output bytes encoded and written."""
+
+
+def resource_seconds(
+    work: GpuWork,
+    device: DeviceModel,
+    flops_fraction: float,
+    compute_dtype: str,
+    decode_threads: int,
+) -> dict[str, float]:
+    """Modelled busy seconds of each resource of one worker."""
+    decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
+    return {
+        "storage": work.read_bytes / STORAGE_BYTES_PER_SECOND,
+        "decode": work.read_bytes / decode_rate,
+        "host-to-device": work.copy_bytes / device.h2d_bytes_per_second,
+        "kernel": work.flops / (device.flops(compute_dtype) * flops_fraction),
+        "write": work.write_bytes / decode_rate,
+    }
+
+
+def gpu_task_bytes(
+    *,
+    tile_shape: tuple[int, int],
+    panel_width: int,
+    dtypes: tuple[str, str, str, str],
+    band_rows: int,
+) -> tuple[int, int]:
+    """Host (pinned staging) and device bytes of one staged GPU tile task.
+
+    Host: STAGED_PANELS panel pairs decoded in the stored dtype and, when it differs, cast to
+    the compute dtype, plus a band copied back and cast for writing; the accumulator lives on
+    the device. Device: the accumulator and DEVICE_SLOTS panel pairs.
+    """
+    tm, tn = tile_shape
+    a_dtype, b_dtype, compute, out = (np.dtype(d) for d in dtypes)
+    c = compute.itemsize
+    a_item = a_dtype.itemsize + (c if a_dtype != compute else 0)
+    b_item = b_dtype.itemsize + (c if b_dtype != compute else 0)
+    staged = STAGED_PANELS * (tm * a_item + tn * b_item) * panel_width
+    band = band_rows * tn * (c + out.itemsize)
+    device = tm * tn * c + DEVICE_SLOTS * (tm + tn) * panel_width * c
+    return staged + band, device
+
+
+def makespan(seconds: dict[str, float], fill_seconds: float) -> float:
+    """Overlapped stages: the busiest resource, plus filling and draining the pipeline."""
+    return max(seconds.values(), default=0.0) + fill_seconds
+
+
+def bound_by(seconds: dict[str, float]) -> str:
+    return max(seconds, key=lambda k: seconds[k]) if seconds else "nothing"
+
+
+def default_decode_threads(cores: int, workers: int) -> int:
+    """Host cores per GPU worker decode panels (one worker per GPU on a box)."""
+    return max(math.floor(cores / max(workers, 1)), 1)

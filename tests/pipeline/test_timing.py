@@ -1,0 +1,56 @@
+"""The accounting: thread-seconds per phase and the workers' CPU usage of a job."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+from distributed import Client
+
+from pipeline import multiply
+from pipeline.run.timing import PHASES, PhaseTimes, add_phases
+from tests.helpers import random_matrix, run_cli, write_array
+
+
+def test_phase_times_sum_across_threads() -> None:
+    clock = PhaseTimes()
+
+    def work() -> None:
+        with clock.measure("decode"):
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=work) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with clock.measure("product"):
+        time.sleep(0.02)
+    seconds = clock.as_dict()
+    assert 0.15 <= seconds["decode"] < 0.5  # three threads' sleeps add up
+    assert 0.02 <= seconds["product"] < 0.2
+    assert seconds["write"] == 0.0
+    assert list(add_phases({"wait": 1.0}, seconds)) == list(PHASES)
+
+
+def test_a_job_reports_where_its_time_went(tmp_path: Path, client: Client) -> None:
+    rng = np.random.default_rng(3)
+    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (400, 600), "float64"), (100, 150))
+    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (600, 300), "float64"), (150, 100))
+    result = multiply(a, b, str(tmp_path / "c.zarr"), client=client)
+    assert set(result.phases) == set(PHASES)
+    assert result.phases["product"] > 0 and result.phases["decode"] > 0
+    assert result.phases["write"] > 0
+    assert result.usage["user_seconds"] > 0 and result.usage["page_faults"] > 0
+
+
+def test_cli_prints_the_accounting(tmp_path: Path) -> None:
+    rng = np.random.default_rng(4)
+    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (64, 48), "float32"), (32, 48))
+    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (48, 40), "float32"), (48, 40))
+    done = run_cli("multiply", a, b, str(tmp_path / "c.zarr"), "--dashboard-address", ":0")
+    assert done.returncode == 0, done.stderr
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("time:")]
+    assert "product" in line and "system" in line and "page faults" in line
