@@ -157,6 +157,7 @@ def run_multiply(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from cluster import start
+    from pipeline.report import format_verify, format_verify_error
     from pipeline.verify import check_shapes, verify_product
 
     options = parse_storage_options(args.storage_option)
@@ -172,14 +173,9 @@ def run_verify(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
-    status = "ok" if result.passed else "FAILED"
-    print(
-        f"verify {status}: {result.rounds} round(s), worst residual/tolerance "
-        f"{result.worst_ratio:.3g} at row {result.worst_row}"
-    )
+    print(format_verify(result))
     if not result.passed:
-        blocks = ", ".join(f"{r0}:{r1}" for r0, r1 in result.failing_row_blocks[:10])
-        print(f"error: C != A @ B in row block(s) {blocks}", file=sys.stderr)
+        print(f"error: {format_verify_error(result)}", file=sys.stderr)
         return 1
     return 0
 
