@@ -1,8 +1,10 @@
-"""Human-readable text: the plan (--dry-run), the end-of-run summary and verify's outcome."""
+"""Human-readable text: the plan (--dry-run), the end-of-run summary, verify's outcome; and
+distributed's performance report of a run (--report)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Any
 
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
 from pipeline.units import format_bytes
@@ -123,6 +125,17 @@ def format_verify_error(result: VerifyResult) -> str:
         f"C != A @ B in row block(s) {blocks}{more}: {'; '.join(problems)}; recompute C with "
         "`python -m pipeline multiply A B C --overwrite`"
     )
+
+
+def report_context(path: str | None, storage_options: dict[str, Any] | None = None) -> Any:
+    """distributed's performance report of what runs inside, saved as self-contained HTML at
+    ``path`` (Bokeh's JavaScript inlined: it opens offline); nothing when ``path`` is None.
+    Needs a default distributed Client, like ``performance_report``."""
+    if not path:
+        return contextlib.nullcontext()
+    from distributed import performance_report
+
+    return performance_report(filename=path, mode="inline", storage_options=storage_options)
 
 
 def _unexpected(result: VerifyResult) -> str:

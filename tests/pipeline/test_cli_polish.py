@@ -1,5 +1,5 @@
 """The command line's edges: -v after the command, suggestions for misspelled options, Ctrl-C,
-and a taken dashboard port."""
+a taken dashboard port, and an offline --report."""
 
 from __future__ import annotations
 
@@ -18,8 +18,10 @@ import numpy as np
 import psutil
 import pytest
 import zarr
+from distributed import Client
 
 from pipeline.cli import build_parser, dashboard_address, main, parse_args
+from pipeline.report import report_context
 from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
 
 POSIX = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
@@ -240,3 +242,36 @@ def test_worker_processes_never_see_ctrl_c_and_a_second_one_exits_at_once(
         "the same command with --resume to finish OUT"
     ], stderr
     assert "Traceback" not in stderr and "Warning" not in stderr, stderr
+
+
+def test_report_context_writes_a_report_that_opens_offline(tmp_path: Path, client: Client) -> None:
+    path = tmp_path / "report.html"
+    with client.as_current(), report_context(str(path)):
+        assert client.submit(sum, [1, 2]).result() == 3
+    html = path.read_text()
+    assert "Dask Performance Report" in html
+    sources = re.findall(r"<script[^>]*\bsrc=\"([^\"]*)\"", html)
+    assert sources == [], sources  # Bokeh's JavaScript is inline, not from cdn.bokeh.org
+    assert "Bokeh.set_log_level" in html and len(html) > 500_000
+    with report_context(None):  # no path: nothing to do
+        pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="pipeline/api.py still calls distributed's performance_report without mode='inline'; "
+    "it should use pipeline.report.report_context (then remove this marker)",
+)
+def test_multiply_report_opens_offline(tmp_path: Path) -> None:
+    rng = np.random.default_rng(1)
+    urls = [
+        write_array(tmp_path / n, random_matrix(rng, (20, 20), "float64"), (10, 10))
+        for n in ("a.zarr", "b.zarr")
+    ]
+    report = tmp_path / "report.html"
+    done = run_cli(
+        "multiply", *urls, str(tmp_path / "c.zarr"), "--report", str(report),
+        "--dashboard-address", "127.0.0.1:0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert re.findall(r"<script[^>]*\bsrc=\"([^\"]*)\"", report.read_text()) == []
