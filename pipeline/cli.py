@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("distributed", "numba", "asyncio", "fsspec", "bokeh", "tornado"):
         logging.getLogger(noisy).setLevel(logging.WARNING if args.debug else logging.ERROR)
-    # A taken dashboard port is said in one line of ours (and the link shows the port used).
+    # A dashboard port taken after dashboard_address() looked: the printed link shows the one used.
     warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
     try:
         with interrupt_once(INTERRUPTED[args.command]):
