@@ -194,11 +194,7 @@ def verify_product(
         from distributed import progress as progress_bar
 
         progress_bar(checks)
-    every: list[Future[Any]] = [*checks, noise]
-    wait(every)
-    failed = [f for f in every if f.status == "error"]
-    if failed:
-        raise JobError(f"verification task failed: {failed[0].exception()}")
+    _wait_for([*checks, noise])
     outcomes: list[_RowCheck] = client.gather(checks)
     return _summarize(outcomes, rows, rounds, float(noise.result()) / SAFETY, b_counts)
 
@@ -210,7 +206,9 @@ def _submit_reference(client: Client, job: _Job, run: str) -> tuple[Future[Any],
     blocks = [(k0, min(k0 + kc, k)) for k0 in range(0, k, kc)]
     parts = [client.submit(_b_pass, job, ks, key=f"verify-b-{run}-{ks[0]}") for ks in blocks]
     ref = client.submit(_reference, job, parts, key=f"verify-ref-{run}")
-    b_counts: tuple[int, int] = client.submit(_count_b, ref, key=f"verify-b-count-{run}").result()
+    counted = client.submit(_count_b, ref, key=f"verify-b-count-{run}")
+    _wait_for([counted])
+    b_counts: tuple[int, int] = counted.result()
     if b_counts[1]:
         bad = client.submit(_bad_columns, ref, key=f"verify-b-bad-{run}")
         masked = [
@@ -219,6 +217,13 @@ def _submit_reference(client: Client, job: _Job, run: str) -> tuple[Future[Any],
         ]
         ref = client.submit(_with_br, ref, masked, key=f"verify-ref-masked-{run}")
     return ref, b_counts
+
+
+def _wait_for(futures: list[Future[Any]]) -> None:
+    wait(futures)
+    failed = [f for f in futures if f.status == "error"]
+    if failed:
+        raise JobError(f"verification task failed: {failed[0].exception()}")
 
 
 def check_shapes(

@@ -13,6 +13,7 @@ import zarr
 from distributed import Client, Future
 
 from pipeline import multiply, verify_product
+from pipeline.errors import JobError
 from tests.helpers import TOLERANCE, random_matrix, run_cli, write_array
 
 M, K, N, CHUNK = 120, 90, 100, 32
@@ -227,3 +228,13 @@ def test_multiply_verify_passes_on_nonfinite_inputs(tmp_path: Path) -> None:
     assert "verify passed" in done.stdout
     assert "Warning" not in done.stderr and "error" not in done.stderr, done.stderr
     assert_product(zarr.open_array(out)[:], a, b)
+
+
+def test_a_failed_pass_over_b_is_a_job_error(tmp_path: Path, client: Client) -> None:
+    """The count of B's non-finite columns is awaited before the row checks: a task failing
+    there is reported like any failed verification task."""
+    a, b = inputs("none", "float32")
+    urls = product(tmp_path, client, a, b)
+    (tmp_path / "b.zarr" / "c" / "1" / "0").write_bytes(b"not a chunk")
+    with pytest.raises(JobError, match=r"verification task failed: .*c/1/0"):
+        verify_product(client, *urls)
