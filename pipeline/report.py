@@ -112,8 +112,7 @@ def format_verify_error(result: VerifyResult) -> str:
         )
     if _finite_part_failed(result):
         problems.append(
-            f"the finite part differs from A @ B beyond the tolerance (worst row "
-            f"{result.worst_row}: {result.worst_ratio:.3g} x its tolerance)"
+            f"worst residual/tolerance {result.worst_ratio:.3g} at row {result.worst_row}"
         )
     blocks = ", ".join(f"{r0}:{r1}" for r0, r1 in result.failing_row_blocks[:10])
     more = (
@@ -127,7 +126,9 @@ def format_verify_error(result: VerifyResult) -> str:
     )
 
 
-def report_context(path: str | None, storage_options: dict[str, Any] | None = None) -> Any:
+def report_context(
+    path: str | None, storage_options: dict[str, Any] | None = None
+) -> contextlib.AbstractContextManager[Any]:
     """distributed's performance report of what runs inside, saved as self-contained HTML at
     ``path`` (Bokeh's JavaScript inlined: it opens offline); nothing when ``path`` is None.
     Needs a default distributed Client, like ``performance_report``."""

@@ -238,3 +238,51 @@ def test_a_failed_pass_over_b_is_a_job_error(tmp_path: Path, client: Client) -> 
     (tmp_path / "b.zarr" / "c" / "1" / "0").write_bytes(b"not a chunk")
     with pytest.raises(JobError, match=r"verification task failed: .*c/1/0"):
         verify_product(client, *urls)
+
+
+RECOMPUTE = "recompute C with `python -m pipeline multiply A B C --overwrite`"
+
+
+@pytest.mark.parametrize(
+    ("fields", "line", "error"),
+    [
+        (  # all finite and correct: the line as it always was
+            {"passed": True, "worst_ratio": 0.173, "worst_row": 131},
+            "verify ok: 2 round(s), worst residual/tolerance 0.173 at row 131",
+            None,
+        ),
+        (  # all finite, one row off
+            {"passed": False, "worst_ratio": 3.2, "worst_row": 17, "blocks": ((0, 128),)},
+            "verify FAILED: 2 round(s), worst residual/tolerance 3.2 at row 17",
+            "C != A @ B in row block(s) 0:128: worst residual/tolerance 3.2 at row 17; "
+            + RECOMPUTE,
+        ),
+        (  # an overflow next to non-finite rows of A
+            {"passed": False, "worst_ratio": 0.1, "worst_row": 3, "blocks": ((0, 64),),
+             "a_nonfinite": 5, "a_nonfinite_rows": 2, "c_unexpected": 1, "c_overflow": 1,
+             "first_mismatch": (30, 70)},
+            "verify FAILED: 2 round(s), worst residual/tolerance 0.1 at row 3; A has 5 non-finite "
+            "value(s) in 2 row(s), B has 0; C's non-finite pattern differs; the finite part "
+            "verified",
+            "C != A @ B in row block(s) 0:64: C has 1 non-finite value(s) where A and B imply "
+            "finite ones: 1 where |A_i|·|B_j| reaches the range of C's dtype, maybe overflows "
+            f"(store A and B as float64 to avoid them); first at row 30, column 70; {RECOMPUTE}",
+        ),
+        (  # every row of A non-finite, and C finite in one of them
+            {"passed": False, "worst_ratio": 0.0, "worst_row": -1, "blocks": ((0, 4),),
+             "a_nonfinite": 4, "a_nonfinite_rows": 4, "c_missing": 1, "first_mismatch": (2, 0)},
+            "verify FAILED: 2 round(s), no finite row to check; A has 4 non-finite value(s) in 4 "
+            "row(s), B has 0; C's non-finite pattern differs; the finite part verified",
+            "C != A @ B in row block(s) 0:4: C has 1 finite value(s) where a non-finite row of A "
+            f"or column of B makes the product non-finite; first at row 2, column 0; {RECOMPUTE}",
+        ),
+    ],
+)  # fmt: skip
+def test_verify_lines(fields: dict[str, Any], line: str, error: str | None) -> None:
+    from pipeline.report import format_verify, format_verify_error
+    from pipeline.verify import VerifyResult
+
+    blocks = fields.pop("blocks", ())
+    result = VerifyResult(rounds=2, failing_row_blocks=blocks, **fields)
+    assert format_verify(result) == line
+    assert error is None or format_verify_error(result) == error
