@@ -25,7 +25,7 @@ from kernels.backends import AUTO, BACKENDS
 from pipeline.errors import UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, plan_matmul
 from pipeline.plan.device import DEVICE_CLASSES, DeviceModel, default_decode_threads
-from pipeline.report import format_plan
+from pipeline.report import format_plan, report_context
 from pipeline.run.client import (
     collect,
     describe_workers,
@@ -116,7 +116,8 @@ class MatmulJob:
         started = time.perf_counter()
         if self.state is not None:
             self.output.check_replaceable(self.options.overwrite, self.options.resume)
-        with _connect(client, self.options) as c, _report(self.options.report):
+        report = report_context(self.options.report, self.options.storage_options)
+        with _connect(client, self.options) as c, report:
             backend = resolve_backend(c, self.options.backend, self.plan.compute_dtype)
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
@@ -253,12 +254,3 @@ def _connect(client: Client | None, options: JobOptions) -> Iterator[Client]:
 
     with start(options.cluster, options.memory_limit_bytes) as c:
         yield c
-
-
-def _report(path: str | None) -> Any:
-    """distributed's performance report of the run, saved as HTML when asked for."""
-    if not path:
-        return contextlib.nullcontext()
-    from distributed import performance_report
-
-    return performance_report(filename=path)

@@ -18,10 +18,20 @@ row i's residual has standard deviation sqrt(Σ_j e_ij²). Row i passes when
 u is the unit roundoff of the accumulator dtype and u_C of C's. A correct product passes with a
 wide margin (measured in tests/pipeline/test_verify.py); a wrong element is caught when its error
 exceeds about TAU·SAFETY times its row's rounding noise.
+
+Non-finite inputs (NaN, ±inf). C_ij = Σ_k A_ik·B_kj is non-finite exactly when a term is (or
+the sum overflows), and a term with a non-finite factor is non-finite (inf·0 = NaN). So a row of
+A holding a non-finite value implies a whole non-finite row of C, and a column of B holding one
+a whole non-finite column. C must be non-finite exactly there; elsewhere a non-finite element is
+an overflow or a wrong element. The check above then runs on the finite part: the other rows
+of A and columns of B, with r set to 0 on the non-finite columns and every non-finite value
+read as 0 once flagged, so no NaN·0 enters a sum. B·r is recomputed with the masked r only
+when B has non-finite columns: all-finite inputs cost no extra pass.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +54,8 @@ GAUSSIAN_MAD = 0.6745
 SAMPLE_BLOCKS, SAMPLE_ROWS = 4, 4
 """Row blocks of A sampled, and rows of C recomputed exactly in each, to measure its noise."""
 U64 = float(np.finfo(np.float64).eps) / 2
+OVERFLOW_MARGIN = 2.0
+"""|C_ij| <= ‖A_i‖₂·‖B_j‖₂; a bound above 1/OVERFLOW_MARGIN of C's largest value may overflow."""
 
 
 @dataclass(frozen=True)
@@ -51,12 +63,104 @@ class VerifyResult:
     passed: bool
     rounds: int
     worst_ratio: float
-    """Largest residual / tolerance over all rows and rounds (passes when <= 1)."""
+    """Largest residual / tolerance over the checked rows and all rounds (passes when <= 1):
+    rows of A that are finite and whose row of C holds no unexpected (non-)finite element."""
     worst_row: int
+    """Row of worst_ratio; -1 when no row was checked."""
     failing_row_blocks: tuple[tuple[int, int], ...]
     """[r0, r1) row ranges that hold at least one failing row."""
     noise: float = 0.0
     """Measured rounding noise ρ (rms error of c_ij per unit ‖A_i‖₂·‖B_j‖₂), before SAFETY."""
+    a_nonfinite: int = 0
+    """Non-finite values (NaN, ±inf) in A."""
+    a_nonfinite_rows: int = 0
+    """Rows of A holding one: each implies a whole non-finite row of C."""
+    b_nonfinite: int = 0
+    """Non-finite values in B."""
+    b_nonfinite_columns: int = 0
+    """Columns of B holding one: each implies a whole non-finite column of C."""
+    c_unexpected: int = 0
+    """Non-finite elements of C where A and B imply a finite one: overflows or wrong elements."""
+    c_overflow: int = 0
+    """Of c_unexpected, those whose bound ‖A_i‖₂·‖B_j‖₂ reaches C's range: maybe an overflow."""
+    c_missing: int = 0
+    """Finite elements of C where a non-finite row of A or column of B implies non-finite."""
+    first_mismatch: tuple[int, int] | None = None
+    """(row, column) of the first element of C whose finiteness differs from the implied one."""
+
+    @property
+    def pattern_matches(self) -> bool:
+        """C is non-finite exactly on the rows and columns the inputs imply."""
+        return self.c_unexpected == 0 and self.c_missing == 0
+
+    @property
+    def finite_inputs(self) -> bool:
+        return self.a_nonfinite == 0 and self.b_nonfinite == 0
+
+
+@dataclass(frozen=True)
+class _BPart:
+    """What one K block of B (rows ks) contributes; non-finite values read as 0."""
+
+    br: NDArray[Any]
+    """B[ks, :]·r."""
+    squares: NDArray[np.float64]
+    """‖B[ks, j]‖² per column."""
+    exact: NDArray[Any]
+    """A[sample, ks]·B[ks, :]."""
+    a_squares: NDArray[np.float64]
+    """‖A[s, ks]‖² per sampled row."""
+    sample_bad: NDArray[np.bool_]
+    """Sampled rows with a non-finite value in A[s, ks]."""
+    b_counts: NDArray[np.int64]
+    """Non-finite values per column of B[ks, :]."""
+
+
+@dataclass(frozen=True)
+class _Reference:
+    br: NDArray[Any]
+    """B·r over B's finite columns (k x rounds); before the masked pass, over all columns."""
+    b_norms: NDArray[np.float64]
+    """‖B_j‖₂ per column; 0 for a column holding a non-finite value."""
+    exact: NDArray[Any]
+    """The sampled rows of C recomputed in float64 (right on finite rows and columns)."""
+    a_norms: NDArray[np.float64]
+    """‖A_s‖₂ per sampled row."""
+    sample_bad: NDArray[np.bool_]
+    """Sampled rows of A holding a non-finite value."""
+    b_counts: NDArray[np.int64]
+    """Non-finite values per column of B."""
+
+
+@dataclass(frozen=True)
+class _RowCheck:
+    """One row block's outcome."""
+
+    ratios: NDArray[np.float64]
+    """Per row: max over rounds of residual / tolerance; 0 where not checked (a row of A that
+    is not finite, or a row of C whose pattern differs)."""
+    mismatched: NDArray[np.bool_]
+    """Per row: C's non-finite elements differ from the implied ones."""
+    a_counts: NDArray[np.int64]
+    """Non-finite values per row of A."""
+    unexpected: int
+    overflow: int
+    missing: int
+    first_mismatch: tuple[int, int] | None
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What every task of one check needs."""
+
+    urls: tuple[str, str, str]
+    """A, B and C."""
+    options: dict[str, Any]
+    specs: tuple[ArraySpec, ArraySpec, ArraySpec]
+    r: NDArray[np.float64]
+    """The random ±1 vectors, n x rounds."""
+    sample: list[tuple[int, int]]
+    """Row ranges of C recomputed exactly to measure its rounding noise."""
 
 
 def verify_product(
@@ -72,57 +176,54 @@ def verify_product(
 ) -> VerifyResult:
     options = dict(storage_options or {})
     a, b, c = check_shapes(a_url, b_url, c_url, options)
-    (m, k), n = a.shape, b.shape[1]
-    _, compute = result_dtype(a.dtype, b.dtype)
     rng = np.random.default_rng(seed)
-    r = rng.choice(np.array([-1.0, 1.0]), size=(n, rounds))
-    sample = _sample_rows(rng, m, a.chunks[0])
-    run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
-    parts = [
-        client.submit(
-            _b_pass,
-            (a_url, b_url),
-            options,
-            (k0, min(k0 + b.chunks[0], k)),
-            r,
-            sample,
-            b.chunks[1],
-            key=f"verify-b-{run}-{k0}",
-        )
-        for k0 in range(0, k, b.chunks[0])
-    ]
-    ref = client.submit(_reference, parts, sample, n, rounds, key=f"verify-ref-{run}")
-    noise = client.submit(
-        _noise, c_url, options, sample, ref, c.chunks[1], key=f"verify-noise-{run}"
+    r = rng.choice(np.array([-1.0, 1.0]), size=(b.shape[1], rounds))
+    job = _Job(
+        (a_url, b_url, c_url), options, (a, b, c), r, _sample_rows(rng, a.shape[0], a.chunks[0])
     )
+    run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
+    ref, b_counts = _submit_reference(client, job, run)
+    noise = client.submit(_noise, job, ref, key=f"verify-noise-{run}")
+    m = a.shape[0]
     rows = [(r0, min(r0 + a.chunks[0], m)) for r0 in range(0, m, a.chunks[0])]
     checks = [
-        client.submit(
-            _check_rows,
-            (a_url, c_url),
-            options,
-            rr,
-            ref,
-            noise,
-            r,
-            (a.chunks[1], c.chunks[1]),
-            (compute, c.dtype),
-            (k, n),
-            key=f"verify-rows-{run}-{rr[0]}",
-        )
+        client.submit(_check_rows, job, rr, ref, noise, key=f"verify-rows-{run}-{rr[0]}")
         for rr in rows
     ]
     if progress and checks:
         from distributed import progress as progress_bar
 
         progress_bar(checks)
-    every: list[Future[Any]] = [*checks, noise]
-    wait(every)
-    failed = [f for f in every if f.status == "error"]
+    _wait_for([*checks, noise])
+    outcomes: list[_RowCheck] = client.gather(checks)
+    return _summarize(outcomes, rows, rounds, float(noise.result()) / SAFETY, b_counts)
+
+
+def _submit_reference(client: Client, job: _Job, run: str) -> tuple[Future[Any], tuple[int, int]]:
+    """(future of the _Reference, (non-finite values, columns holding one) of B): one pass over
+    B, and a second with r masked only when B has non-finite columns."""
+    (k, _), (kc, _) = job.specs[1].shape, job.specs[1].chunks
+    blocks = [(k0, min(k0 + kc, k)) for k0 in range(0, k, kc)]
+    parts = [client.submit(_b_pass, job, ks, key=f"verify-b-{run}-{ks[0]}") for ks in blocks]
+    ref = client.submit(_reference, job, parts, key=f"verify-ref-{run}")
+    counted = client.submit(_count_b, ref, key=f"verify-b-count-{run}")
+    _wait_for([counted])
+    b_counts: tuple[int, int] = counted.result()
+    if b_counts[1]:
+        bad = client.submit(_bad_columns, ref, key=f"verify-b-bad-{run}")
+        masked = [
+            client.submit(_b_masked_pass, job, ks, bad, key=f"verify-b-masked-{run}-{ks[0]}")
+            for ks in blocks
+        ]
+        ref = client.submit(_with_br, ref, masked, key=f"verify-ref-masked-{run}")
+    return ref, b_counts
+
+
+def _wait_for(futures: list[Future[Any]]) -> None:
+    wait(futures)
+    failed = [f for f in futures if f.status == "error"]
     if failed:
         raise JobError(f"verification task failed: {failed[0].exception()}")
-    ratios: list[NDArray[np.float64]] = client.gather(checks)
-    return _summarize(ratios, rows, rounds, float(noise.result()) / SAFETY)
 
 
 def check_shapes(
@@ -142,18 +243,40 @@ def check_shapes(
 
 
 def _summarize(
-    ratios: list[NDArray[np.float64]], rows: list[tuple[int, int]], rounds: int, noise: float
+    outcomes: list[_RowCheck],
+    rows: list[tuple[int, int]],
+    rounds: int,
+    noise: float,
+    b_counts: tuple[int, int],
 ) -> VerifyResult:
-    worst, worst_row, failing = 0.0, -1, []
-    for (r0, r1), ratio in zip(rows, ratios, strict=True):
-        if ratio.size == 0:
-            continue
-        i = int(np.argmax(ratio))
-        if ratio[i] > worst or not np.isfinite(ratio[i]):
-            worst, worst_row = float(ratio[i]), r0 + i
-        if not np.all(ratio <= 1.0):  # NaN fails too
+    worst, worst_row, failing = -1.0, -1, []
+    firsts = [o.first_mismatch for o in outcomes if o.first_mismatch is not None]
+    for (r0, r1), outcome in zip(rows, outcomes, strict=True):
+        ratio = outcome.ratios
+        checked = (outcome.a_counts == 0) & ~outcome.mismatched
+        if checked.any():
+            i = int(np.argmax(np.where(checked, ratio, -1.0)))
+            if ratio[i] > worst or not np.isfinite(ratio[i]):
+                worst, worst_row = float(ratio[i]), r0 + i
+        if not np.all(ratio <= 1.0) or outcome.mismatched.any():  # NaN fails too
             failing.append((r0, r1))
-    return VerifyResult(not failing, rounds, worst, worst_row, tuple(failing), noise)
+    a_counts = [o.a_counts for o in outcomes]
+    return VerifyResult(
+        passed=not failing,
+        rounds=rounds,
+        worst_ratio=max(worst, 0.0),
+        worst_row=worst_row,
+        failing_row_blocks=tuple(failing),
+        noise=noise,
+        a_nonfinite=int(sum(int(c.sum()) for c in a_counts)),
+        a_nonfinite_rows=int(sum(int((c > 0).sum()) for c in a_counts)),
+        b_nonfinite=b_counts[0],
+        b_nonfinite_columns=b_counts[1],
+        c_unexpected=sum(o.unexpected for o in outcomes),
+        c_overflow=sum(o.overflow for o in outcomes),
+        c_missing=sum(o.missing for o in outcomes),
+        first_mismatch=min(firsts) if firsts else None,
+    )
 
 
 def _sample_rows(rng: np.random.Generator, m: int, row_chunk: int) -> list[tuple[int, int]]:
@@ -168,55 +291,101 @@ def _sample_rows(rng: np.random.Generator, m: int, row_chunk: int) -> list[tuple
     return ranges
 
 
-def _b_pass(
-    urls: tuple[str, str],
-    options: dict[str, Any],
-    ks: tuple[int, int],
-    r: NDArray[np.float64],
-    sample: list[tuple[int, int]],
-    col_chunk: int,
-) -> tuple[Any, Any, Any, Any]:
-    """For rows ks of B: (B·r, ‖B_j‖² per column, A[sample, ks]·B[ks, :], ‖A[sample, ks]‖²
-    per row)."""
-    a, b = io.open_input(urls[0], options, "A"), io.open_input(urls[1], options, "B")
+def _read_finite(
+    array: Any, rows: tuple[int, int], cols: tuple[int, int], wide: str
+) -> tuple[NDArray[Any], NDArray[np.bool_] | None]:
+    """A block in ``wide`` with its non-finite values set to 0, and where they were (None when
+    it has none)."""
+    block = io.read_block(array, rows, cols, wide)
+    if np.dtype(array.dtype).kind not in "fc":
+        return block, None
+    nonfinite = ~np.isfinite(block)
+    if not nonfinite.any():
+        return block, None
+    block[nonfinite] = 0
+    return block, nonfinite
+
+
+def _b_pass(job: _Job, ks: tuple[int, int]) -> _BPart:
+    a = io.open_input(job.urls[0], job.options, "A")
+    b = io.open_input(job.urls[1], job.options, "B")
     wide = _wide(np.result_type(a.dtype, b.dtype))
-    a_sample = np.concatenate(
-        [io.read_block(a, rows, ks, wide) for rows in sample]
-        or [np.zeros((0, ks[1] - ks[0]), dtype=wide)]
-    )
-    n = b.shape[1]
-    br = np.zeros((ks[1] - ks[0], r.shape[1]), dtype=wide)
+    pieces = [_read_finite(a, rows, ks, wide) for rows in job.sample]
+    a_sample = np.concatenate([p[0] for p in pieces] or [np.zeros((0, ks[1] - ks[0]), wide)])
+    sample_bad = np.concatenate([_any_per_row(*p) for p in pieces] or [np.zeros(0, bool)])
+    n, col_chunk = b.shape[1], job.specs[1].chunks[1]
+    br = np.zeros((ks[1] - ks[0], job.r.shape[1]), dtype=wide)
     exact = np.zeros((a_sample.shape[0], n), dtype=wide)
-    squares = np.zeros(n)
+    squares, counts = np.zeros(n), np.zeros(n, dtype=np.int64)
     for c0 in range(0, n, col_chunk):
-        block = io.read_block(b, ks, (c0, min(c0 + col_chunk, n)), wide)
-        br += block @ r[c0 : c0 + block.shape[1]]
-        exact[:, c0 : c0 + block.shape[1]] = a_sample @ block
-        squares[c0 : c0 + block.shape[1]] = (np.abs(block) ** 2).sum(axis=0)
-    return br, squares, exact, (np.abs(a_sample) ** 2).sum(axis=1)
+        block, nonfinite = _read_finite(b, ks, (c0, min(c0 + col_chunk, n)), wide)
+        cols = slice(c0, c0 + block.shape[1])
+        br += block @ job.r[cols]
+        exact[:, cols] = a_sample @ block
+        squares[cols] = (np.abs(block) ** 2).sum(axis=0)
+        if nonfinite is not None:
+            counts[cols] = nonfinite.sum(axis=0)
+    a_squares = (np.abs(a_sample) ** 2).sum(axis=1)
+    return _BPart(br, squares, exact, a_squares, sample_bad, counts)
 
 
-def _reference(
-    parts: list[Any], sample: list[tuple[int, int]], n: int, rounds: int
-) -> tuple[Any, Any, Any, Any]:
-    """(B·r, ‖B_j‖₂ per column, exact C[sample, :], ‖A[sample, :]‖₂)."""
-    rows = sum(r1 - r0 for r0, r1 in sample)
-    if not parts:
-        return np.zeros((0, rounds)), np.zeros(n), np.zeros((rows, n)), np.zeros(rows)
-    exact = sum(p[2] for p in parts)
-    a_norms = np.sqrt(sum(p[3] for p in parts))
-    br = np.concatenate([p[0] for p in parts])
-    return br, np.sqrt(sum(p[1] for p in parts)), exact, a_norms
+def _any_per_row(block: NDArray[Any], nonfinite: NDArray[np.bool_] | None) -> NDArray[np.bool_]:
+    if nonfinite is None:
+        return np.zeros(block.shape[0], dtype=bool)
+    return np.asarray(nonfinite.any(axis=1))
 
 
-def _noise(
-    c_url: str, options: dict[str, Any], sample: list[tuple[int, int]], ref: Any, col_chunk: int
-) -> float:
-    """SAFETY x max over sampled rows of the robust rms of |C - exact|_sj / (‖A_s‖·‖B_j‖)."""
-    c = io.open_input(c_url, options, "C")
-    _, b_norms, exact, a_norms = ref
-    n = c.shape[1]
-    if exact.size == 0:
+def _reference(job: _Job, parts: list[_BPart]) -> _Reference:
+    rows, n = sum(r1 - r0 for r0, r1 in job.sample), job.specs[1].shape[1]
+    if not parts:  # k == 0
+        return _Reference(
+            np.zeros((0, job.r.shape[1])), np.zeros(n), np.zeros((rows, n)), np.zeros(rows),
+            np.zeros(rows, dtype=bool), np.zeros(n, dtype=np.int64),
+        )  # fmt: skip
+    counts = np.sum([p.b_counts for p in parts], axis=0)
+    b_norms = np.where(counts > 0, 0.0, np.sqrt(np.sum([p.squares for p in parts], axis=0)))
+    return _Reference(
+        br=np.concatenate([p.br for p in parts]),
+        b_norms=b_norms,
+        exact=np.sum([p.exact for p in parts], axis=0),
+        a_norms=np.sqrt(np.sum([p.a_squares for p in parts], axis=0)),
+        sample_bad=np.logical_or.reduce([p.sample_bad for p in parts]),
+        b_counts=counts,
+    )
+
+
+def _count_b(ref: _Reference) -> tuple[int, int]:
+    """(non-finite values, columns holding one) of B."""
+    return int(ref.b_counts.sum()), int((ref.b_counts > 0).sum())
+
+
+def _bad_columns(ref: _Reference) -> NDArray[np.bool_]:
+    return np.asarray(ref.b_counts > 0)
+
+
+def _b_masked_pass(job: _Job, ks: tuple[int, int], bad_columns: NDArray[np.bool_]) -> Any:
+    """B[ks, :]·r with r set to 0 on B's non-finite columns."""
+    b = io.open_input(job.urls[1], job.options, "B")
+    wide = _wide(np.result_type(job.specs[0].dtype, b.dtype))
+    kept = np.where(bad_columns[:, None], 0.0, job.r)
+    n, col_chunk = b.shape[1], job.specs[1].chunks[1]
+    br = np.zeros((ks[1] - ks[0], job.r.shape[1]), dtype=wide)
+    for c0 in range(0, n, col_chunk):
+        block, _ = _read_finite(b, ks, (c0, min(c0 + col_chunk, n)), wide)
+        br += block @ kept[c0 : c0 + block.shape[1]]
+    return br
+
+
+def _with_br(ref: _Reference, parts: list[NDArray[Any]]) -> _Reference:
+    return dataclasses.replace(ref, br=np.concatenate(parts)) if parts else ref
+
+
+def _noise(job: _Job, ref: _Reference) -> float:
+    """SAFETY x max over sampled rows of the robust rms of |C - exact|_sj / (‖A_s‖·‖B_j‖),
+    on the finite rows and columns."""
+    c = io.open_input(job.urls[2], job.options, "C")
+    n, col_chunk = c.shape[1], job.specs[2].chunks[1]
+    if ref.exact.size == 0:
         return 0.0
     got = np.concatenate(
         [
@@ -227,57 +396,117 @@ def _noise(
                 ],
                 axis=1,
             )
-            for rows in sample
+            for rows in job.sample
         ]
     )
-    scale = a_norms[:, None] * b_norms[None, :]
-    usable = scale > 0
+    finite = np.isfinite(got)
+    got = np.where(finite, got, 0)
+    scale = ref.a_norms[:, None] * ref.b_norms[None, :]  # 0 on B's non-finite columns
+    usable = (scale > 0) & finite & ~ref.sample_bad[:, None]
     if not usable.any():
         return 0.0
-    relative = np.where(usable, np.abs(got - exact) / np.where(usable, scale, 1.0), np.nan)
+    relative = np.where(usable, np.abs(got - ref.exact) / np.where(usable, scale, 1.0), np.nan)
     rms = np.nanmedian(relative[usable.any(axis=1)], axis=1) / GAUSSIAN_MAD
     return SAFETY * float(np.max(rms))
 
 
-def _check_rows(
-    urls: tuple[str, str],
-    options: dict[str, Any],
-    rows: tuple[int, int],
-    ref: Any,
-    noise: float,
-    r: NDArray[np.float64],
-    col_chunks: tuple[int, int],
-    dtypes: tuple[str, str],
-    kn: tuple[int, int],
-) -> NDArray[np.float64]:
-    """Per row of the block: max over rounds of residual / tolerance."""
-    a = io.open_input(urls[0], options, "A")
-    c = io.open_input(urls[1], options, "C")
-    br, b_norm = ref[0], float(np.sqrt((ref[1] ** 2).sum()))
-    abr, a_sq = _stream(a, rows, col_chunks[0], br, _wide(a.dtype))
-    cr, c_sq = _stream(c, rows, col_chunks[1], r, _wide(c.dtype))
-    (k, n), a_norm, c_norm = kn, np.sqrt(a_sq), np.sqrt(c_sq)
-    stored = _unit(dtypes[1]) * c_norm
-    bound = _unit(dtypes[0]) * np.sqrt(max(k, 1)) * a_norm * b_norm + stored
+def _check_rows(job: _Job, rows: tuple[int, int], ref: _Reference, noise: float) -> _RowCheck:
+    """Per row of the block: C's non-finite pattern, and max over rounds of residual /
+    tolerance on the finite part."""
+    a_spec, b_spec, c_spec = job.specs
+    k, n = b_spec.shape
+    a = io.open_input(job.urls[0], job.options, "A")
+    c = io.open_input(job.urls[2], job.options, "C")
+    bad_columns = ref.b_counts > 0
+    b_norm = float(np.sqrt((ref.b_norms**2).sum()))
+    abr, a_sq, a_counts = _stream(a, rows, a_spec.chunks[1], ref.br, _wide(a.dtype))
+    bad_rows, a_norm = a_counts > 0, np.sqrt(a_sq)
+    compute = result_dtype(a_spec.dtype, b_spec.dtype)[1]
+    largest = _largest((compute, c_spec.dtype))
+    pattern = _Pattern(rows[0], bad_rows, bad_columns, a_norm, ref.b_norms, largest)
+    # C's elements on B's non-finite columns are non-finite (read as 0) or the row fails.
+    cr, c_sq, _ = _stream(c, rows, c_spec.chunks[1], job.r, _wide(c.dtype), pattern)
+    c_norm = np.sqrt(c_sq)
+    stored = _unit(c_spec.dtype) * c_norm
+    bound = _unit(compute) * np.sqrt(max(k, 1)) * a_norm * b_norm + stored
     measured = noise * a_norm * b_norm + stored
     verifier = U64 * (np.sqrt(max(k, 1)) * a_norm * b_norm + np.sqrt(n) * c_norm)
     tol = TAU * (np.minimum(bound, measured) + verifier) + np.finfo(np.float64).tiny
     residual = np.abs(cr - abr)
-    return np.asarray((residual / tol[:, None]).max(axis=1, initial=0.0), dtype=np.float64)
+    ratio = np.asarray((residual / tol[:, None]).max(axis=1, initial=0.0), dtype=np.float64)
+    # Rows of A that are not finite (C's row must be non-finite) and rows whose C has non-finite
+    # elements where none are implied (read as 0: the residual says nothing more) fail or pass
+    # by the pattern alone.
+    ratio[bad_rows | pattern.mismatched] = 0.0
+    return _RowCheck(
+        ratio, pattern.mismatched, a_counts, pattern.unexpected, pattern.overflow,
+        pattern.missing, pattern.first,
+    )  # fmt: skip
+
+
+class _Pattern:
+    """Compares, block by block of a row block of C, its non-finite elements with the ones a
+    non-finite row of A or column of B implies."""
+
+    def __init__(
+        self,
+        row0: int,
+        bad_rows: NDArray[np.bool_],
+        bad_columns: NDArray[np.bool_],
+        a_norms: NDArray[np.float64],
+        b_norms: NDArray[np.float64],
+        largest: float,
+    ) -> None:
+        self.row0, self.bad_rows, self.bad_columns = row0, bad_rows, bad_columns
+        self.a_norms, self.b_norms, self.largest = a_norms, b_norms, largest
+        self.mismatched = np.zeros(len(bad_rows), dtype=bool)
+        self.unexpected = self.overflow = self.missing = 0
+        self.first: tuple[int, int] | None = None
+
+    def check(self, block: NDArray[Any], nonfinite: NDArray[np.bool_] | None, c0: int) -> None:
+        cols = slice(c0, c0 + block.shape[1])
+        if nonfinite is None and not (self.bad_rows.any() or self.bad_columns[cols].any()):
+            return  # the common case: nothing non-finite, nothing implied
+        implied = self.bad_rows[:, None] | self.bad_columns[None, cols]
+        found = np.zeros(block.shape, dtype=bool) if nonfinite is None else nonfinite
+        unexpected, missing = found & ~implied, implied & ~found
+        wrong = unexpected | missing
+        if not wrong.any():
+            return
+        self.mismatched |= wrong.any(axis=1)
+        i, j = np.nonzero(unexpected)
+        self.unexpected += len(i)
+        bound = self.a_norms[i] * self.b_norms[c0 + j]  # >= |C_ij| (Cauchy-Schwarz)
+        self.overflow += int((bound * OVERFLOW_MARGIN >= self.largest).sum())
+        self.missing += int(missing.sum())
+        first = np.argwhere(wrong)[0]
+        here = (self.row0 + int(first[0]), c0 + int(first[1]))
+        self.first = here if self.first is None else min(self.first, here)
 
 
 def _stream(
-    array: Any, rows: tuple[int, int], col_chunk: int, right: Any, wide: str
-) -> tuple[Any, NDArray[np.float64]]:
-    """(X·right, squared row norms of X) for X = array[rows, :], one column chunk at a time."""
+    array: Any,
+    rows: tuple[int, int],
+    col_chunk: int,
+    right: Any,
+    wide: str,
+    pattern: _Pattern | None = None,
+) -> tuple[Any, NDArray[np.float64], NDArray[np.int64]]:
+    """(X·right, squared row norms of X, non-finite values per row) for X = array[rows, :] with
+    its non-finite values read as 0, one column chunk at a time."""
     cols = array.shape[1]
     product = np.zeros((rows[1] - rows[0], right.shape[1]), dtype=wide)
     squares = np.zeros(rows[1] - rows[0])
+    counts = np.zeros(rows[1] - rows[0], dtype=np.int64)
     for c0 in range(0, cols, col_chunk):
-        block = io.read_block(array, rows, (c0, min(c0 + col_chunk, cols)), wide)
+        block, nonfinite = _read_finite(array, rows, (c0, min(c0 + col_chunk, cols)), wide)
+        if pattern is not None:
+            pattern.check(block, nonfinite, c0)
         product += block @ right[c0 : c0 + block.shape[1]]
         squares += (np.abs(block) ** 2).sum(axis=1)
-    return product, squares
+        if nonfinite is not None:
+            counts += nonfinite.sum(axis=1)
+    return product, squares, counts
 
 
 def _wide(dtype: Any) -> str:
@@ -290,3 +519,9 @@ def _unit(dtype: str) -> float:
     if dt.kind in "fc":
         return float(np.finfo(dt).eps) / 2
     return U64
+
+
+def _largest(dtypes: tuple[str, str]) -> float:
+    """The largest finite value both the accumulator and C hold (inf for integers)."""
+    limits = [float(np.finfo(d).max) for d in map(np.dtype, dtypes) if d.kind in "fc"]
+    return min(limits, default=float("inf"))
