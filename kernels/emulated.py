@@ -4,9 +4,10 @@ It answers "how well does the host feed a GPU?" on a machine without one. Like a
 separate copy engines, it has three hardware units, each a thread: one compute engine and one
 copy engine per direction. An operation queued on a stream starts when the stream's previous
 operation and every event the stream waits on are done and its engine is free; it then
-occupies the engine for its modelled time (kernel: 2*m*n*k / flop/s; copy: bytes / byte/s)
-in a sleep, so the GIL is free for the host threads being measured. Every operation goes on
-``timeline``.
+occupies the engine for its modelled time (kernel: 2*m*n*k / flop/s; copy: bytes / byte/s;
+no launch latency) while the engine thread sleeps, so the GIL is free for the host threads
+being measured. Every operation goes on ``timeline`` with its modelled start and end (the
+sleep's overshoot never accumulates into the device's schedule).
 
 No data moves: device buffers are placeholders carrying shape and dtype, and ``copy_to_host``
 leaves the host buffer untouched (whatever the caller had there stays).
@@ -48,11 +49,14 @@ class TimelineEntry:
 
 
 class _Op:
-    __slots__ = ("amount", "deps", "done", "engine", "name", "seconds")
+    __slots__ = ("amount", "deps", "done", "end", "engine", "name", "seconds", "submitted")
 
-    def __init__(self, engine: str, name: str, seconds: float, amount: int, deps: list[_Op]):
+    def __init__(
+        self, engine: str, name: str, seconds: float, amount: int, deps: list[_Op]
+    ) -> None:
         self.engine, self.name, self.seconds, self.amount = engine, name, seconds, amount
         self.deps, self.done = deps, False
+        self.submitted, self.end = time.perf_counter(), 0.0
 
 
 class EmulatedStream:
@@ -96,11 +100,8 @@ class DeviceBuffer:
         r0, r1, step = rows.indices(self.shape[0])
         if step != 1:
             raise ValueError("device buffers slice whole contiguous bands of rows only")
-        return DeviceBuffer(
-            (max(r1 - r0, 0), *self.shape[1:]),
-            self.dtype,
-            self if self._base is None else self._base,
-        )
+        base = self if self._base is None else self._base
+        return DeviceBuffer((max(r1 - r0, 0), *self.shape[1:]), self.dtype, base)
 
 
 class EmulatedDevice:
@@ -148,9 +149,8 @@ class EmulatedDevice:
     def empty(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceBuffer:
         buffer = DeviceBuffer(shape, dtype)
         with self._cond:
-            if self.memory_bytes is not None and self.memory_in_use + buffer.nbytes > (
-                self.memory_bytes
-            ):
+            limit = self.memory_bytes
+            if limit is not None and self.memory_in_use + buffer.nbytes > limit:
                 raise DeviceMemoryError(
                     f"emulated device: {buffer.nbytes} more bytes with {self.memory_in_use} of "
                     f"{self.memory_bytes} in use; use smaller tiles or panels, or more memory"
@@ -163,11 +163,11 @@ class EmulatedDevice:
     def zeros(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceBuffer:
         return self.empty(shape, dtype)
 
-    def copy_to_device(self, host: NDArray[Any], dev: DeviceBuffer, stream: EmulatedStream) -> None:
+    def copy_to_device(self, host: NDArray[Any], dev: DeviceBuffer, stream: Stream) -> None:
         _check_same(host, dev)
         self._submit(stream, "h2d", "copy_to_device", host.nbytes)
 
-    def copy_to_host(self, dev: DeviceBuffer, host: NDArray[Any], stream: EmulatedStream) -> None:
+    def copy_to_host(self, dev: DeviceBuffer, host: NDArray[Any], stream: Stream) -> None:
         _check_same(host, dev)
         self._submit(stream, "d2h", "copy_to_host", host.nbytes)
 
@@ -176,7 +176,7 @@ class EmulatedDevice:
         acc: DeviceBuffer,
         a: DeviceBuffer,
         b: DeviceBuffer,
-        stream: EmulatedStream,
+        stream: Stream,
         rows: tuple[int, int] | None = None,
     ) -> None:
         r0, r1 = band_rows(rows, acc.shape[0])
@@ -217,8 +217,10 @@ class EmulatedDevice:
     # --- the engines --------------------------------------------------------------------------
 
     def _submit(
-        self, stream: EmulatedStream, engine: str, name: str, amount: int, rate: float = 0.0
+        self, stream: Stream, engine: str, name: str, amount: int, rate: float = 0.0
     ) -> None:
+        if not isinstance(stream, EmulatedStream) or stream._device is not self:
+            raise TypeError(f"{stream!r} is not a stream of this emulated device")
         seconds = amount / (rate or self.bytes_per_second[engine])
         with self._cond:
             if self._closed:
@@ -230,15 +232,19 @@ class EmulatedDevice:
 
     def _run(self, engine: str) -> None:
         """One hardware unit: the first queued operation whose dependencies are done, in turn."""
+        free_at = 0.0
         while (op := self._next(engine)) is not None:
-            start = time.perf_counter()
-            if op.seconds > 0:
-                time.sleep(op.seconds)  # releases the GIL: host threads run meanwhile
-            end = time.perf_counter()
+            # Modelled times: a late wake-up of this thread delays when the host sees the
+            # operation done, never the device's own schedule.
+            start = max(op.submitted, free_at, *(dep.end for dep in op.deps))
+            free_at = start + op.seconds
+            delay = free_at - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)  # releases the GIL: host threads run meanwhile
             with self._cond:
                 self._queues[engine].remove(op)
-                op.done, op.deps = True, []  # drop the chain of finished operations
-                self.timeline.append(TimelineEntry(engine, op.name, start, end, op.amount))
+                op.done, op.end, op.deps = True, free_at, []  # drop the chain of finished ops
+                self.timeline.append(TimelineEntry(engine, op.name, start, free_at, op.amount))
                 self._cond.notify_all()
 
     def _next(self, engine: str) -> _Op | None:

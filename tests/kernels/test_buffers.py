@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mmap
+import os
 import threading
 import time
 from typing import Any
@@ -74,13 +75,17 @@ def test_exhausted_budget_blocks_until_a_release() -> None:
 
 def test_free_buffers_of_other_sizes_are_evicted_oldest_first() -> None:
     pool = BufferPool(numpy_allocator, 3 * PAGE)
-    pool.acquire((PAGE,), np.uint8).release()  # oldest free
-    pool.acquire((2 * PAGE - 1,), np.uint8).release()  # two pages, newer
+
+    def use(nbytes: int) -> None:  # a timeout: a missing eviction fails instead of hanging
+        pool.acquire_group([((nbytes,), np.uint8)], timeout=5).release()
+
+    use(PAGE)  # oldest free
+    use(2 * PAGE - 1)  # two pages, newer
     assert pool.stats().bytes_held == 3 * PAGE
-    pool.acquire((3 * PAGE,), np.uint8).release()  # needs everything: both go
+    use(3 * PAGE)  # needs everything: both go
     assert pool.stats().evictions == 2
-    pool.acquire((PAGE,), np.uint8).release()  # evicts the 3-page buffer
-    pool.acquire((PAGE + 1,), np.uint8).release()  # two pages fit beside the one kept
+    use(PAGE)  # evicts the 3-page buffer
+    use(PAGE + 1)  # two pages fit beside the one kept
     stats = pool.stats()
     assert (stats.evictions, stats.bytes_held, stats.allocations) == (3, 3 * PAGE, 5)
     with pool.acquire((PAGE,), np.uint8):  # the 1-page buffer was kept
@@ -129,11 +134,31 @@ def test_process_pool_is_one_per_kind_and_follows_the_budget() -> None:
     assert buffers.process_pool("other-kind", numpy_allocator, PAGE) is not first
 
 
+def resident_bytes(start: int) -> int | None:
+    """Rss of the mapping holding ``start``, from /proc/self/smaps (None where there is none)."""
+    if not os.path.exists("/proc/self/smaps"):
+        return None
+    found = False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split()[0]
+            if "-" in first and not first.endswith(":"):
+                lo, hi = (int(x, 16) for x in first.split("-"))
+                found = lo <= start < hi
+            elif found and first == "Rss:":
+                return int(line.split()[1]) * 1024
+    return None
+
+
 def test_host_allocator_is_aligned_writable_and_prefaulted() -> None:
-    array = host_allocator(3 * PAGE + 5)
-    assert array.dtype == np.uint8 and array.shape == (3 * PAGE + 5,)
+    nbytes = 64 * PAGE + 5
+    array = host_allocator(nbytes)
+    assert array.dtype == np.uint8 and array.shape == (nbytes,)
     assert address(array) % PAGE == 0 and array.flags.writeable
-    assert not array[::PAGE].any()  # touched pages read back zero
+    resident = resident_bytes(address(array))
+    if resident is not None:  # Linux: every page is already backed, none faults on reuse
+        assert resident >= nbytes
+    assert not array.any()
     array[-1] = 7
     assert array[-1] == 7
 

@@ -3,9 +3,12 @@ stream ordering, buffer lifetimes, a bounded pool shared by engines, and the ove
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -166,11 +169,13 @@ def test_engines_sharing_a_tight_pool_finish() -> None:
             engine = StagedProduct(dev, (TILE, TILE), "float32", pool, depth=3)
             stats.append(engine.run(sleepers(4, 0.002), lambda band, host: None))  # + bands
 
-        threads = [threading.Thread(target=work) for _ in range(3)]
+        # Daemons: a deadlock fails the test instead of hanging the interpreter's exit.
+        threads = [threading.Thread(target=work, daemon=True) for _ in range(3)]
         for thread in threads:
             thread.start()
+        deadline = time.monotonic() + 20
         for thread in threads:
-            thread.join(timeout=30)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
     assert len(stats) == 3 and all(s.panels == 4 for s in stats)
     assert pool.stats().peak_bytes_held <= 2 * panel_group and pool.stats().bytes_leased == 0
 
@@ -215,3 +220,15 @@ def test_overlap_keeps_the_emulated_device_busier() -> None:
     assert serial < 0.6
     assert staged_busy > 0.75 and staged_busy > serial + 0.25
     assert staged_stats.seconds < 0.75 * serial_stats.seconds
+
+
+def test_engine_modules_import_neither_numba_nor_dask_nor_zarr() -> None:
+    code = (
+        "import sys, kernels.buffers, kernels.device, kernels.emulated, kernels.staged; "
+        "print([m for m in ('numba', 'dask', 'zarr') if m in sys.modules])"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == "[]"
