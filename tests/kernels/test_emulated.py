@@ -48,6 +48,19 @@ def test_copy_and_kernel_on_different_streams_overlap(device: EmulatedDevice) ->
     assert kernel.end - kernel.start == pytest.approx(2 * N**3 / (TFLOPS * 1e12), rel=0.3)
 
 
+def test_an_engine_runs_one_operation_at_a_time(device: EmulatedDevice) -> None:
+    acc, a, b = operands(device)
+    bufs = [device.empty(MB.shape, MB.dtype) for _ in range(2)]
+    for buf in bufs:
+        stream = device.stream()
+        device.gemm(acc, a, b, stream)
+        device.copy_to_device(MB, buf, stream)
+    device.synchronize()
+    for engine in ("compute", "h2d"):
+        first, second = entries(device, engine)
+        assert second.start >= first.end
+
+
 def test_one_stream_runs_in_order_across_engines(device: EmulatedDevice) -> None:
     acc, a, b = operands(device)
     buf = device.empty(MB.shape, MB.dtype)
