@@ -122,7 +122,7 @@ class NumbaDevice:
         stream: Stream,
         rows: tuple[int, int] | None = None,
     ) -> None:
-        from kernels.cuda_host import _SIMULATOR_LOCK, _jit, _simulated
+        from kernels.cuda_host import _SIMULATOR_LOCK, _simulated, jit_kernel
 
         r0, r1 = band_rows(rows, acc.shape[0])
         c = acc[r0:r1]
@@ -131,7 +131,7 @@ class NumbaDevice:
         (m, n), width = c.shape, a.shape[1]
         if m == 0 or n == 0 or width == 0:
             return  # nothing to add; a launch with an empty grid is an error
-        kernel = _jit(variant.make_kernel(), variant.launch_bounds)
+        kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
         cfg = variant.launch(m, n)
         with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
             kernel[cfg.grid, cfg.block, stream](a, b, c)

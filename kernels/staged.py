@@ -155,6 +155,7 @@ class _Run:
             if not self.staged:
                 break
             self.current = self.staged.popleft()
+            self.release()  # the previous panel's copy: a host holds depth + 1 panels at most
             if not serialize:
                 self.top_up(self.engine.depth, may_wait=False)  # decode ahead meanwhile
             slot = self.upload(self.current)
@@ -212,7 +213,6 @@ class _Run:
         self.stats.bytes_h2d += a.nbytes + b.nbytes
         copied = _recorded(self.device, self.streams.h2d)
         copied.wait(self.streams.compute)
-        self.release()  # earlier panels' copies precede these on the same stream
         self.copying.append((copied, item.lease))
         self.current = None
         return slot

@@ -152,6 +152,8 @@ def test_events_order_copies_gemms_and_buffer_reuse() -> None:
         assert pool.released[k] >= panel_copied  # its host buffers are reused only then
         if k >= 2:  # a device slot is overwritten only after the gemm that read it
             assert copies[2 * k].start >= gemms[k - 2].end
+    # Host memory: the panel being copied and depth (2) staged ahead, then two band buffers.
+    assert pool.stats().peak_bytes_held <= 3 * 2 * SPEC_BYTES + SPEC_BYTES
     backs.sort(key=lambda e: e.start)
     assert backs[0].start >= gemms[4].end and backs[1].start >= gemms[5].end  # bands final
     assert backs[0].start < gemms[5].end  # band 0 goes back while band 1 computes
