@@ -60,8 +60,8 @@ def pinned_allocator(nbytes: int) -> NDArray[np.uint8]:
     asynchronous. The CUDA simulator returns ordinary memory."""
     from numba import cuda
 
-    array: NDArray[np.uint8] = cuda.pinned_array((nbytes,), dtype=np.uint8)
-    return array
+    array: NDArray[np.uint8] = cuda.pinned_array((max(nbytes, 1),), dtype=np.uint8)
+    return array[:nbytes]  # the driver refuses empty allocations
 
 
 @dataclass(frozen=True)

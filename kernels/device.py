@@ -92,8 +92,9 @@ class NumbaDevice:
 
         from kernels.cuda_host import _simulated
 
-        make: Any = cuda.event  # timing off makes synchronizing cheaper; the simulator's
-        event: Event = make() if _simulated() else make(timing=False)  # takes no arguments
+        # Timing off makes synchronizing cheaper; the simulator's event takes no arguments.
+        make: Any = cuda.event
+        event: Event = make() if _simulated() else make(timing=False)
         return event
 
     def empty(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceArray:
