@@ -3,13 +3,16 @@
 It is CUDA's own model, cut to what a K loop needs: streams run their operations in order,
 events recorded on one stream order work on another, copies and kernels are asynchronous to
 the host. ``kernels.emulated`` implements the same interface with modelled time instead of
-math. Device arrays support ``dev[r0:r1]`` (a band of whole rows, still contiguous).
-numba is imported lazily.
+math; ``calibrate`` measures the rates of any implementation. Device arrays support
+``dev[r0:r1]`` (a band of whole rows, still contiguous). numba is imported lazily.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -146,3 +149,39 @@ class NumbaDevice:
         if variant.dtype != dtype:
             raise TypeError(f"variant {self.variant_name!r} computes {variant.dtype}, not {dtype}")
         return variant
+
+
+@dataclass(frozen=True)
+class Calibration:
+    flops_per_second: float
+    h2d_bytes_per_second: float
+    d2h_bytes_per_second: float
+
+
+def calibrate(
+    device: Device,
+    n: int = 4096,
+    copy_bytes: int = 256 << 20,
+    repeats: int = 3,
+    dtype: DTypeLike = np.float32,
+) -> Calibration:
+    """Measured gemm flop/s of ``dtype`` (an n x n x n product) and copy bytes/s each way,
+    best of ``repeats`` after one warm-up (which compiles the kernel on a real GPU)."""
+    stream = device.stream()
+    host = device.allocator(copy_bytes).reshape(1, copy_bytes)
+    dev = device.empty((1, copy_bytes), np.uint8)
+    a, b, acc = (device.zeros((n, n), dtype) for _ in range(3))
+    gemm = _best(lambda: device.gemm(acc, a, b, stream), stream, repeats)
+    h2d = _best(lambda: device.copy_to_device(host, dev, stream), stream, repeats)
+    d2h = _best(lambda: device.copy_to_host(dev, host, stream), stream, repeats)
+    return Calibration(2 * n**3 / gemm, copy_bytes / h2d, copy_bytes / d2h)
+
+
+def _best(queue: Callable[[], None], stream: Stream, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):
+        start = time.perf_counter()
+        queue()
+        stream.synchronize()
+        times.append(time.perf_counter() - start)
+    return min(times[1:])

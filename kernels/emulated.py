@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from kernels.buffers import Allocator, host_allocator
-from kernels.device import Device, Stream
+from kernels.device import Stream
 from kernels.launch import band_rows, check_panels
 
 ENGINES = ("compute", "h2d", "d2h")
@@ -275,35 +275,3 @@ def _check_same(host: NDArray[Any], dev: DeviceBuffer) -> None:
         raise ValueError(
             f"copy between host {host.shape} {host.dtype} and device {dev.shape} {dev.dtype}"
         )
-
-
-@dataclass(frozen=True)
-class Calibration:
-    flops_per_second: float
-    h2d_bytes_per_second: float
-    d2h_bytes_per_second: float
-
-
-def calibrate(
-    device: Device, n: int = 4096, copy_bytes: int = 256 << 20, repeats: int = 3
-) -> Calibration:
-    """Measured float32 gemm flop/s (an n x n x n product) and copy bytes/s each way, best of
-    ``repeats`` after one warm-up (which compiles the kernel on a real GPU)."""
-    stream = device.stream()
-    host = device.allocator(copy_bytes).reshape(1, copy_bytes)
-    dev = device.empty((1, copy_bytes), np.uint8)
-    a, b, acc = (device.zeros((n, n), np.float32) for _ in range(3))
-    gemm = _best(lambda: device.gemm(acc, a, b, stream), stream, repeats)
-    h2d = _best(lambda: device.copy_to_device(host, dev, stream), stream, repeats)
-    d2h = _best(lambda: device.copy_to_host(dev, host, stream), stream, repeats)
-    return Calibration(2 * n**3 / gemm, copy_bytes / h2d, copy_bytes / d2h)
-
-
-def _best(queue: Callable[[], None], stream: Stream, repeats: int) -> float:
-    times = []
-    for _ in range(repeats + 1):
-        start = time.perf_counter()
-        queue()
-        stream.synchronize()
-        times.append(time.perf_counter() - start)
-    return min(times[1:])

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from kernels.emulated import DeviceMemoryError, EmulatedDevice, TimelineEntry, calibrate
+from kernels.device import calibrate
+from kernels.emulated import DeviceMemoryError, EmulatedDevice, TimelineEntry
 
 # 1 GFLOP/s and 0.1 GB/s: a 200^3 float32 gemm is 16 ms, a 1 MB copy 10 ms.
 TFLOPS, GBPS = 1e-3, 0.1
@@ -184,3 +185,6 @@ def test_calibrate_measures_the_configured_rates() -> None:
     assert got.flops_per_second == pytest.approx(TFLOPS * 1e12, rel=0.15)
     assert got.h2d_bytes_per_second == pytest.approx(GBPS * 1e9, rel=0.15)
     assert got.d2h_bytes_per_second == pytest.approx(2 * GBPS * 1e9, rel=0.15)
+    with EmulatedDevice(TFLOPS, GBPS) as dev:
+        f64 = calibrate(dev, n=N, copy_bytes=100_000, repeats=1, dtype=np.float64)
+    assert f64.flops_per_second == pytest.approx(TFLOPS * 1e12 / 2, rel=0.15)

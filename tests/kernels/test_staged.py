@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 
 from kernels import cuda_host
 from kernels.buffers import PAGE, BufferPool, Lease, numpy_allocator, pinned_allocator
-from kernels.device import NumbaDevice
+from kernels.device import NumbaDevice, calibrate
 from kernels.emulated import EmulatedDevice
 from kernels.staged import Panel, StagedProduct
 
@@ -100,6 +100,14 @@ def test_engines_in_threads_share_one_device_and_pool() -> None:
     for thread in threads:
         thread.join(timeout=120)
     assert results == {i: reference("float32", inputs[i]) for i in range(3)}
+
+
+@needs_cuda
+@tiny_grid
+def test_calibrate_drives_numba_device() -> None:
+    """Simulator rates mean nothing; this checks the protocol calls (streams, copies, gemm)."""
+    got = calibrate(NumbaDevice(), n=8, copy_bytes=256, repeats=1)
+    assert min(got.flops_per_second, got.h2d_bytes_per_second, got.d2h_bytes_per_second) > 0
 
 
 # --- the engine's orchestration, on the emulated device ----------------------------------------
