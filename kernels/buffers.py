@@ -241,6 +241,34 @@ class BufferPool:
             self._cond.notify_all()
 
 
+POOLED_MIN_BYTES = 1 << 20
+"""Smaller arrays are not worth a pooled buffer."""
+
+
+class _Owner:
+    """Hands a lease's array to numpy; numpy keeps it alive through every view and slice, so
+    the buffer goes back to the pool exactly when the last view is gone."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.__array_interface__ = lease.array.__array_interface__
+
+    def __del__(self) -> None:
+        self.lease.release()
+
+
+def owned_array(pool: BufferPool | None, shape: tuple[int, ...], dtype: DTypeLike) -> NDArray[Any]:
+    """An array of ``shape`` from ``pool`` that returns itself when no longer referenced; a
+    fresh one when the pool is full or the array small (never waits: a cache may hold the
+    pool's buffers; small arrays are malloc's business, pages would waste most of them)."""
+    specs = [(shape, dtype)]
+    pooled = pool is not None and POOLED_MIN_BYTES <= group_bytes(specs) <= pool.budget_bytes
+    lease = pool.try_acquire_group(specs) if pool is not None and pooled else None
+    if lease is None:
+        return np.empty(shape, dtype)
+    return np.asarray(_Owner(lease))
+
+
 _POOLS: dict[str, BufferPool] = {}
 _POOLS_LOCK = threading.Lock()
 

@@ -9,7 +9,7 @@ math; ``calibrate`` measures the rates of any implementation. Device arrays supp
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -126,29 +126,13 @@ class NumbaDevice:
         stream: Stream,
         rows: tuple[int, int] | None = None,
     ) -> None:
-        from kernels.cuda_host import _SIMULATOR_LOCK, _simulated, jit_kernel
+        from kernels.cuda_host import launch_product, select_variant
 
         r0, r1 = band_rows(rows, acc.shape[0])
         c = acc[r0:r1]
-        variant = self._variant(np.dtype(acc.dtype))
+        variant = select_variant(self.variant_name, np.dtype(acc.dtype))
         check_panels(c.shape, variant.dtype, a, b)
-        (m, n), width = c.shape, a.shape[1]
-        if m == 0 or n == 0 or width == 0:
-            return  # nothing to add; a launch with an empty grid is an error
-        kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
-        cfg = variant.launch(m, n)
-        with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
-            kernel[cfg.grid, cfg.block, stream](a, b, c)
-
-    def _variant(self, dtype: np.dtype[Any]) -> Any:
-        from kernels.cuda_host import VARIANTS, default_variant
-
-        if self.variant_name is None:
-            return default_variant(dtype)
-        variant = VARIANTS[self.variant_name]
-        if variant.dtype != dtype:
-            raise TypeError(f"variant {self.variant_name!r} computes {variant.dtype}, not {dtype}")
-        return variant
+        launch_product(variant, a, b, c, stream)
 
 
 @dataclass(frozen=True)
@@ -185,3 +169,38 @@ def _best(queue: Callable[[], None], stream: Stream, repeats: int) -> float:
         stream.synchronize()
         times.append(time.perf_counter() - start)
     return min(times[1:])
+
+
+@functools.cache
+def numba_device() -> NumbaDevice:
+    """This process's CUDA device, shared by its task threads."""
+    return NumbaDevice()
+
+
+@functools.cache
+def worker_device_figures() -> dict[str, Any] | None:
+    """Runs on a worker: its GPU's name, free memory and measured rates (our kernel, pinned
+    copies), cached per process; None without a real GPU (the simulator's rates mean nothing)."""
+    import os
+
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        return None
+    try:
+        from numba import cuda
+
+        if not cuda.is_available():
+            return None
+        free, _ = cuda.current_context().get_memory_info()
+        name = cuda.get_current_device().name
+    except Exception:  # noqa: BLE001 - no driver or device: nothing to measure
+        return None
+    device = numba_device()
+    f32 = calibrate(device, n=2048, copy_bytes=64 << 20, repeats=2)
+    f64 = calibrate(device, n=2048, copy_bytes=64 << 20, repeats=2, dtype=np.float64)
+    return {
+        "name": name.decode() if isinstance(name, bytes) else str(name),
+        "memory_bytes": int(free),
+        "float32_flops": f32.flops_per_second,
+        "float64_flops": f64.flops_per_second,
+        "h2d_bytes_per_second": f32.h2d_bytes_per_second,
+    }

@@ -22,11 +22,19 @@ from distributed import Client
 
 from cluster import ClusterSpec
 from kernels.backends import AUTO, BACKENDS
+from kernels.buffers import PAGE
 from pipeline.errors import UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, plan_matmul
-from pipeline.plan.device import DEVICE_CLASSES, DeviceModel, default_decode_threads
+from pipeline.plan.device import (
+    DEVICE_CLASSES,
+    STAGED_PANELS,
+    DeviceModel,
+    default_decode_threads,
+)
+from pipeline.plan.units import parse_size
 from pipeline.report import format_plan, report_context
 from pipeline.run.client import (
+    calibrated_device,
     collect,
     describe_workers,
     release_panels,
@@ -35,7 +43,7 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
-from pipeline.run.worker import TaskSpec
+from pipeline.run.spec import TaskSpec
 from pipeline.store.output import Output
 
 
@@ -109,7 +117,10 @@ class MatmulJob:
     def for_cluster(self, client: Client, backend: str | None = None) -> MatmulJob:
         """The same job planned for the workers of ``client`` (and a resolved backend)."""
         chosen = backend or planning_backend(self.options.backend)
-        return replace(self, plan=plan_job(self, describe_workers(client), chosen))
+        live = describe_workers(client)
+        if chosen == "cuda":  # a real GPU's figures, measured there (None in the simulator)
+            live["device"] = calibrated_device(client)
+        return replace(self, plan=plan_job(self, live, chosen))
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed)."""
@@ -138,6 +149,8 @@ class MatmulJob:
         )  # fmt: skip
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
+        rows, cols = plan.grid
+        pairs = plan.busy_threads * plan.panel_pair_bytes
         return TaskSpec(
             self.store,
             backend,
@@ -147,6 +160,12 @@ class MatmulJob:
             cache_bytes=plan.cache_bytes,
             block_shape=plan.block_shape,
             run_id=uuid.uuid4().hex,
+            panel_uses=(cols, rows),
+            # Panels in the cache, in use and prefetched (a full pool falls back to fresh).
+            buffer_bytes=plan.cache_bytes + 3 * pairs,
+            staging_bytes=(STAGED_PANELS + 1) * (pairs + 2 * plan.busy_threads * PAGE),
+            decode_threads=plan.decode_threads,
+            device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
         )
 
     def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
@@ -211,15 +230,27 @@ def plan_for(
         threads_per_worker=threads,
         memory_limit_bytes=limit,
         tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
-        device=device_model(options, live) if gpu else None,
+        device=device_model(options, live, backend) if gpu else None,
         decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
     )
 
 
-def device_model(options: JobOptions, live: dict[str, Any] | None) -> DeviceModel:
-    """The workers' calibrated GPU when known, else the configured device class's defaults
-    (``tilegemm.device-class``); capped by --device-memory-limit."""
+def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:
+    """The workers' calibrated GPU when known, the emulated device's figures, else the
+    configured device class's defaults (``tilegemm.device-class``); capped by
+    --device-memory-limit."""
     model = (live or {}).get("device")
+    if backend == "emulated":
+        p = emulated_params()
+        memory = int(p.get("memory_bytes") or 80 * 2**30)
+        model = DeviceModel(
+            "emulated",
+            memory,
+            p["tflops"] * 1e12,
+            p["tflops"] * 5e11,
+            p["h2d_gbps"] * 1e9,
+            "emulated",
+        )
     if model is None:
         name = str(dask.config.get("tilegemm.device-class", "h100-pcie")).lower()
         if name not in DEVICE_CLASSES:
@@ -229,6 +260,20 @@ def device_model(options: JobOptions, live: dict[str, Any] | None) -> DeviceMode
         model = DEVICE_CLASSES[name]
     cap = options.device_memory_limit_bytes
     return replace(model, memory_bytes=min(model.memory_bytes, cap)) if cap else model
+
+
+def emulated_params() -> dict[str, float]:
+    """The emulated device's figures: dask config ``tilegemm.emulated.tflops`` (float32; float64
+    runs at half), ``h2d-gbps`` and ``memory`` (a size; default 80GiB)."""
+    tflops = float(dask.config.get("tilegemm.emulated.tflops", 10.0))
+    h2d = float(dask.config.get("tilegemm.emulated.h2d-gbps", 25.0))
+    memory = dask.config.get("tilegemm.emulated.memory", "80GiB")
+    size = parse_size(memory) if isinstance(memory, str) else int(memory)
+    if tflops <= 0 or h2d <= 0:
+        raise UsageError(
+            f"tilegemm.emulated needs positive rates, got {tflops} TFLOP/s, {h2d} GB/s"
+        )
+    return {"tflops": tflops, "h2d_gbps": h2d, "memory_bytes": float(size)}
 
 
 def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
