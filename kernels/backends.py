@@ -53,6 +53,11 @@ class BackendSpec:
     flops_fraction: float | None = None
     """GPU backends: the fraction of the device's peak rate the planner assumes it reaches
     (an assumption until calibrated on a real device; None on the CPU)."""
+    make_device: Callable[[dict[str, float]], Any] | None = None
+    """Backends driven by the staged engine: (device parameters) -> this process's shared
+    device (kernels.device protocol). None: the accumulator is driven panel by panel."""
+    explicit_only: bool = False
+    """Never chosen by "auto"."""
 
     def takes(self, dtype: str) -> bool:
         return self.dtypes is None or dtype in self.dtypes
@@ -78,6 +83,23 @@ def _cublas_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, in
     from kernels.cublas import CublasAccumulator
 
     return CublasAccumulator(shape, np.dtype(dtype))
+
+
+def _numba_device(params: dict[str, float]) -> Any:
+    from kernels.device import numba_device
+
+    return numba_device()
+
+
+def _emulated_device(params: dict[str, float]) -> Any:
+    from kernels.emulated import shared_device
+
+    memory = int(params["memory_bytes"]) if params.get("memory_bytes") else None
+    return shared_device(params["tflops"], params["h2d_gbps"], memory)
+
+
+def _emulated_accumulator(shape: tuple[int, int], dtype: str, block: Any) -> Any:
+    raise ValueError("the emulated backend runs through the staged engine only (no math)")
 
 
 def _probe_cuda() -> bool:
@@ -110,6 +132,7 @@ BACKENDS: dict[str, BackendSpec] = {
             "use --backend cpu or auto, or start workers with `dask cuda worker`",
             # Our register-blocked kernel: assumed, not measured (no GPU here).
             flops_fraction=0.25,
+            make_device=_numba_device,
         ),
         BackendSpec("cpu", None, "cpu", CPU_GEMM_BLOCK, lambda: True, _cpu_accumulator, "", ""),
         BackendSpec(
@@ -122,6 +145,21 @@ BACKENDS: dict[str, BackendSpec] = {
             "CuPy (pip install cupy-cuda13x) and a CUDA GPU",
             "install CuPy there, or use --backend cuda, cpu or auto",
             flops_fraction=0.92,  # vendor figure: SGEMM ≈ 47 of 51 TFLOP/s on an H100 PCIe
+        ),
+        BackendSpec(
+            "emulated",
+            GPU_DTYPES,
+            "gpu",
+            1,
+            lambda: True,
+            _emulated_accumulator,
+            "",
+            "",
+            # A modelled device (kernels.emulated): kernels and copies take time, do no math;
+            # for measuring how well the host feeds a GPU (tilegemm.emulated.* settings).
+            flops_fraction=1.0,
+            make_device=_emulated_device,
+            explicit_only=True,
         ),
     )
 }
@@ -158,9 +196,8 @@ def probe_devices(requested: str = AUTO) -> dict[str, bool]:
     real_gpu = _nvml_gpus() > 0 and not simulator
     found = {"simulator": simulator}
     for spec in BACKENDS.values():
-        if spec.device == "cpu":
-            found[spec.name] = True
-        elif spec.name == requested or (real_gpu and spec.name == "cuda"):
+        software = spec.device == "cpu" or spec.explicit_only  # cheap: nothing to look for
+        if software or spec.name == requested or (real_gpu and spec.name == "cuda"):
             found[spec.name] = spec.probe()
     found["gpu"] = found.get("cuda", False) and not simulator
     return found

@@ -122,7 +122,8 @@ class CpuAccumulator:
             for j in range(0, n, bn):
                 h, w = min(bm, m - i), min(bn, n - j)
                 if self._gemm is None:  # integers, complex, bool, or no OpenBLAS found
-                    acc[i : i + h, j : j + w] += a[i : i + h] @ b[:, j : j + w]
+                    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: verify checks
+                        acc[i : i + h, j : j + w] += a[i : i + h] @ b[:, j : j + w]
                     continue
                 self._gemm(
                     ROW_MAJOR,

@@ -108,6 +108,32 @@ def jit_kernel(kernel: Callable[..., None], launch_bounds: tuple[int, int] | Non
     return cuda.jit(kernel, launch_bounds=launch_bounds)
 
 
+def select_variant(name: str | None, dtype: np.dtype) -> KernelVariant:
+    """The named variant (checked against ``dtype``), or the default one for ``dtype``."""
+    if name is None:
+        return default_variant(dtype)
+    if name not in VARIANTS:
+        raise ValueError(f"unknown CUDA kernel variant {name!r}; choose from {sorted(VARIANTS)}")
+    variant = VARIANTS[name]
+    if variant.dtype != dtype:
+        raise TypeError(
+            f"variant {name!r} computes {variant.dtype}, accumulator is {dtype}; "
+            "pick a variant of the same dtype or variant=None"
+        )
+    return variant
+
+
+def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any = 0) -> None:
+    """``c += a @ b`` on device arrays, queued on ``stream``; nothing for an empty product (a
+    launch with an empty grid is an error)."""
+    if c.shape[0] == 0 or c.shape[1] == 0 or a.shape[1] == 0:
+        return
+    kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
+    cfg = variant.launch(*c.shape)
+    with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
+        kernel[cfg.grid, cfg.block, stream](a, b, c)
+
+
 class CudaAccumulator:
     """A zeroed device matrix that K panels are multiplied into: acc += a @ b on the GPU."""
 
@@ -119,41 +145,22 @@ class CudaAccumulator:
         if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
             raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
         self.shape = (m, n)
-        self.variant = self._select(variant)
-        self._kernel = jit_kernel(self.variant.make_kernel(), self.variant.launch_bounds)
+        self.variant = select_variant(variant, self.dtype)
         self._c = cuda.to_device(np.zeros(self.shape, dtype=self.dtype))
-
-    def _select(self, name: str | None) -> KernelVariant:
-        if name is None:
-            return default_variant(self.dtype)
-        if name not in VARIANTS:
-            raise ValueError(
-                f"unknown CUDA kernel variant {name!r}; choose from {sorted(VARIANTS)}"
-            )
-        variant = VARIANTS[name]
-        if variant.dtype != self.dtype:
-            raise TypeError(
-                f"variant {name!r} computes {variant.dtype}, accumulator is {self.dtype}; "
-                "pick a variant of the same dtype or variant=None"
-            )
-        return variant
 
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
         """acc[rows] += a @ b, with a (r1 - r0, w) and b (w, n) host arrays of the accumulator's
         dtype; each element is summed in K order whatever the band, so bands give the same bytes."""
         c = self._band(rows)
         check_panels(c.shape, self.dtype, a, b)
-        m, n = c.shape
-        if m == 0 or n == 0 or a.shape[1] == 0:
-            return  # nothing to add; a launch with an empty grid is an error
+        if c.shape[0] == 0 or c.shape[1] == 0 or a.shape[1] == 0:
+            return  # nothing to add
         from numba import cuda
 
         # One host-to-device copy per panel; the accumulator never leaves the device.
         d_a = cuda.to_device(np.ascontiguousarray(a))
         d_b = cuda.to_device(np.ascontiguousarray(b))
-        cfg = self.variant.launch(m, n)
-        with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
-            self._kernel[cfg.grid, cfg.block](d_a, d_b, c)
+        launch_product(self.variant, d_a, d_b, c)
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         """The accumulated matrix (or its band of rows) as a C-contiguous host array."""

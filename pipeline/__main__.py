@@ -2,9 +2,20 @@ import logging
 import os
 import sys
 
-from pipeline.cli import main
+QUIET_CHILD_WARNINGS = "ignore::UserWarning:multiprocessing.resource_tracker"
+"""Worker processes stopped while busy (Ctrl-C) leave semaphores behind, which multiprocessing's
+resource tracker removes with a warning of its own on our stderr: nothing for the user to do."""
 
 if __name__ == "__main__":
+    try:
+        from pipeline.cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("error: interrupted while starting; nothing was done\n")
+        os._exit(1)
+    given = os.environ.get("PYTHONWARNINGS")
+    os.environ["PYTHONWARNINGS"] = (
+        f"{given},{QUIET_CHILD_WARNINGS}" if given else QUIET_CHILD_WARNINGS
+    )
     code = main()
     # Everything is written, closed and unlocked by now: skip the interpreter's teardown of
     # dask, distributed and bokeh modules and threads (0.25-0.4 s after every job).

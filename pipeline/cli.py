@@ -1,122 +1,48 @@
-"""``python -m pipeline``: a thin layer over the Python API. Errors become one ``error:`` line."""
+"""``python -m pipeline``: a thin layer over the Python API. Errors become one ``error:`` line.
+The parser lives in pipeline/cli_parser.py."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import logging
+import os
+import signal
+import socket
 import sys
-from typing import Any, NoReturn
+import threading
+import warnings
+from collections.abc import Iterator
+from types import FrameType
+from typing import Any
 
 from cluster.spec import ClusterSpec
-from kernels.backends import CHOICES
-from pipeline.errors import PipelineError, UsageError
-from pipeline.plan.units import format_bytes, parse_size
+from pipeline.cli_parser import (
+    Parser,
+    build_parser,
+    parse_args,
+    parse_storage_options,
+    positive_int,
+)
+from pipeline.errors import PipelineError
+from pipeline.plan.units import format_bytes
 
 log = logging.getLogger("pipeline")
 
 
-class Parser(argparse.ArgumentParser):
-    """argparse that reports usage errors as one ``error:`` line and exit code 2."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message} (see `{self.prog} --help`)\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(
-        prog="python -m pipeline",
-        description="Multiply Zarr matrices on a Dask cluster (GPU kernels or CPU BLAS).",
-    )
-    parser.add_argument("-v", "--debug", action="store_true", help="tracebacks and debug logs")
-    sub = parser.add_subparsers(dest="command", required=True)
-
-    mul = sub.add_parser("multiply", help="OUT = A @ B")
-    mul.add_argument("a", metavar="A", help="path or fsspec URL of a 2-D Zarr array")
-    mul.add_argument("b", metavar="B", help="path or fsspec URL of a 2-D Zarr array")
-    mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
-    mul.add_argument(
-        "--backend",
-        choices=CHOICES,
-        default="auto",
-        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
-    )
-    _cluster_args(mul)
-    mul.add_argument(
-        "--device-memory-limit",
-        type=_size,
-        metavar="SIZE",
-        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
-    )
-    mul.add_argument(
-        "--dtype",
-        metavar="DTYPE",
-        help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
-        "products that could overflow it are refused",
-    )
-    mul.add_argument(
-        "--chunks", metavar="RxC", help="OUT's chunks (default: A's row chunk x B's column chunk)"
-    )
-    mul.add_argument(
-        "--shards",
-        metavar="RxC",
-        help="OUT's Zarr v3 shards, whole chunks each (default: the inputs' shards, if any)",
-    )
-    write = mul.add_mutually_exclusive_group()
-    write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
-    write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
-    mul.add_argument("--verify", action="store_true", help="check the product (Freivalds)")
-    mul.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    mul.add_argument("--report", metavar="FILE.html", help="save distributed's performance report")
-    mul.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    ver = sub.add_parser("verify", help="exit 0 if C == A @ B within floating-point tolerance")
-    for name in ("A", "B", "C"):
-        ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
-    ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
-    ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
-    _cluster_args(ver)
-    ver.add_argument("--no-progress", action="store_true", help="no progress bar")
-
-    rnd = sub.add_parser("random", help="write a random matrix as a Zarr v3 array")
-    rnd.add_argument("out", metavar="OUT", help="where to write the array (Zarr v3)")
-    rnd.add_argument("--shape", required=True, type=_pair, help="MxN, e.g. 4096x4096")
-    rnd.add_argument("--chunks", required=True, type=_pair, help="RxC, e.g. 1024x1024")
-    rnd.add_argument("--dtype", default="float32", help="numpy dtype (default float32)")
-    rnd.add_argument("--seed", type=int, default=0, help="seed (same seed, same array)")
-    rnd.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    rnd.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for s3:// and other URLs (repeatable)",
-    )
-    return parser
-
-
-def _cluster_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--scheduler", metavar="ADDRESS", help="use this running cluster")
-    p.add_argument("--workers", type=positive_int, help="local worker processes")
-    p.add_argument("--threads-per-worker", type=positive_int, help="threads per local worker")
-    p.add_argument("--memory-limit", type=_size, metavar="SIZE", help="per worker, e.g. 8GiB")
-    p.add_argument(
-        "--dashboard-address",
-        default="127.0.0.1:8787",
-        metavar="HOST:PORT",
-        help="where the Dask dashboard listens (default 127.0.0.1:8787)",
-    )
-    p.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for s3:// and other URLs (repeatable)",
-    )
+INTERRUPTED = {
+    "multiply": "the tiles written so far are kept: rerun the same command with --resume to "
+    "finish OUT",
+    "verify": "nothing was changed: rerun the same command to check C",
+    "random": "OUT is incomplete: rerun the same command with --overwrite",
+}
+"""After ``error: interrupted;``: what a Ctrl-C left behind and what to do, per command."""
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv)
     if args.command != "random":
         # distributed sets its loggers' levels when imported: import it first so ours stick.
         import distributed  # noqa: F401
@@ -125,18 +51,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     for noisy in ("distributed", "numba", "asyncio", "fsspec", "bokeh", "tornado"):
         logging.getLogger(noisy).setLevel(logging.WARNING if args.debug else logging.ERROR)
+    # A dashboard port taken after dashboard_address() looked: the printed link shows the one used.
+    warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
     try:
-        return int(COMMANDS[args.command](args))
+        with interrupt_once(INTERRUPTED[args.command]):
+            return int(COMMANDS[args.command](args))
     except PipelineError as e:
         if args.debug:
             raise
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print(
-            "error: interrupted; rerun with --resume to finish the tiles not yet written",
-            file=sys.stderr,
-        )
+        if args.debug:
+            raise
+        print(f"error: interrupted; {INTERRUPTED[args.command]}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - unexpected: still one line unless --debug
         if args.debug:
@@ -146,6 +74,44 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+@contextlib.contextmanager
+def interrupt_once(advice: str) -> Iterator[None]:
+    """Ctrl-C ends the command quietly: the first raises KeyboardInterrupt in the main thread
+    (the job cleans up and the caller prints one line), a second exits at once.
+
+    Only the main thread takes SIGINT: threads started from now on block it, and so do the
+    processes they spawn (Dask's worker processes), which a terminal's Ctrl-C would otherwise
+    reach too and make print tracebacks of their own; the client stops them when it closes.
+    """
+    if threading.current_thread() is not threading.main_thread() or os.name != "posix":
+        yield
+        return
+    seen = False
+
+    def on_interrupt(signum: int, frame: FrameType | None) -> None:
+        nonlocal seen
+        if seen:
+            print(f"error: interrupted again; stopped at once: {advice}", file=sys.stderr)
+            sys.stderr.flush()
+            os._exit(1)
+        seen = True
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, on_interrupt)
+    threading.setprofile(_block_sigint)
+    try:
+        yield
+    finally:
+        threading.setprofile(None)
+        signal.signal(signal.SIGINT, previous)
+
+
+def _block_sigint(frame: FrameType, event: str, arg: Any) -> None:
+    """Profile hook run once at the start of each new thread: block SIGINT there, then go."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    sys.setprofile(None)
 
 
 def run_multiply(args: argparse.Namespace) -> int:
@@ -167,7 +133,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         verify=args.verify,
         storage_options=parse_storage_options(args.storage_option),
         progress=not args.no_progress and sys.stderr.isatty(),
-        cluster=_spec(args),
+        cluster=_spec(args, probe_dashboard=not args.dry_run),
         report=args.report,
     )
     if args.dry_run:
@@ -193,6 +159,7 @@ def run_multiply(args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from cluster import start
+    from pipeline.report import format_verify, format_verify_error
     from pipeline.verify import check_shapes, verify_product
 
     options = parse_storage_options(args.storage_option)
@@ -208,14 +175,9 @@ def run_verify(args: argparse.Namespace) -> int:
             seed=args.seed,
             progress=not args.no_progress and sys.stderr.isatty(),
         )
-    status = "ok" if result.passed else "FAILED"
-    print(
-        f"verify {status}: {result.rounds} round(s), worst residual/tolerance "
-        f"{result.worst_ratio:.3g} at row {result.worst_row}"
-    )
+    print(format_verify(result))
     if not result.passed:
-        blocks = ", ".join(f"{r0}:{r1}" for r0, r1 in result.failing_row_blocks[:10])
-        print(f"error: C != A @ B in row block(s) {blocks}", file=sys.stderr)
+        print(f"error: {format_verify_error(result)}", file=sys.stderr)
         return 1
     return 0
 
@@ -231,70 +193,47 @@ def run_random(args: argparse.Namespace) -> int:
 COMMANDS = {"multiply": run_multiply, "verify": run_verify, "random": run_random}
 
 
-def parse_storage_options(items: list[str]) -> dict[str, Any]:
-    """KEY=VALUE strings to a dict; true/false/none and numbers become Python values."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UsageError(f"--storage-option {item!r} is not KEY=VALUE, e.g. anon=true")
-        if key == "region":  # s3fs takes the region inside client_kwargs
-            out.setdefault("client_kwargs", {})["region_name"] = value
-            continue
-        out[key] = _scalar(value)
-    return out
-
-
-def _scalar(value: str) -> Any:
-    lowered = value.lower()
-    if lowered in ("true", "false"):
-        return lowered == "true"
-    if lowered == "none":
-        return None
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
-
-
-def _spec(args: argparse.Namespace) -> ClusterSpec:
+def _spec(args: argparse.Namespace, probe_dashboard: bool = True) -> ClusterSpec:
+    address = args.dashboard_address
+    if probe_dashboard and not args.scheduler:
+        address = dashboard_address(address)
     return ClusterSpec(
         scheduler=args.scheduler,
         workers=args.workers,
         threads_per_worker=args.threads_per_worker,
-        dashboard_address=args.dashboard_address,
+        dashboard_address=address,
     )
 
 
-def _pair(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
+def dashboard_address(address: str) -> str:
+    """HOST:PORT as given, or HOST:0 (any free port) when something listens on PORT already:
+    the link printed when the cluster starts shows the port used, without distributed's
+    multi-line warning (checked before the inputs, so said only with --debug)."""
+    host, _, port = address.rpartition(":")
+    if not port.isdigit() or int(port) == 0:
+        return address
     try:
-        m, n = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not MxN with two integers") from None
-    if m < 0 or n < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} has a negative size")
-    return m, n
+        family, kind, proto, _, where = socket.getaddrinfo(
+            host.strip("[]") or None, int(port), type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as tornado binds
+            probe.bind(where)
+    except OSError as e:
+        if e.errno != errno.EADDRINUSE:
+            return address  # not ours to judge: distributed reports it
+        log.debug("dashboard: port %s is in use; using a free port", port)
+        return f"{host}:0"
+    return address
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
-    return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-__all__ = ["build_parser", "format_bytes", "main"]
+__all__ = [
+    "Parser",
+    "build_parser",
+    "dashboard_address",
+    "format_bytes",
+    "main",
+    "parse_args",
+    "parse_storage_options",
+    "positive_int",
+]

@@ -27,6 +27,10 @@ class InputError(PipelineError, ValueError):
     """An input array exists but cannot be multiplied (rank, dtype, shape)."""
 
 
+class IntegerOverflowError(InputError, OverflowError):
+    """An integer product's worst case does not fit OUT's dtype (refused before any work)."""
+
+
 class OutputExistsError(PipelineError, FileExistsError):
     """OUT exists and neither --overwrite nor --resume was given."""
 

@@ -22,12 +22,20 @@ from distributed import Client
 
 from cluster import ClusterSpec
 from kernels.backends import AUTO, BACKENDS
+from kernels.buffers import PAGE
 from pipeline.errors import UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
-from pipeline.plan.device import DEVICE_CLASSES, DeviceModel, default_decode_threads
+from pipeline.plan.device import (
+    DEVICE_CLASSES,
+    STAGED_PANELS,
+    DeviceModel,
+    default_decode_threads,
+)
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
-from pipeline.report import format_plan
+from pipeline.plan.units import parse_size
+from pipeline.report import format_plan, report_context
 from pipeline.run.client import (
+    calibrated_device,
     collect,
     describe_workers,
     release_panels,
@@ -36,7 +44,7 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
-from pipeline.run.worker import TaskSpec
+from pipeline.run.spec import TaskSpec
 from pipeline.store.output import Output
 
 
@@ -114,14 +122,18 @@ class MatmulJob:
     def for_cluster(self, client: Client, backend: str | None = None) -> MatmulJob:
         """The same job planned for the workers of ``client`` (and a resolved backend)."""
         chosen = backend or planning_backend(self.options.backend)
-        return replace(self, plan=plan_job(self, describe_workers(client), chosen))
+        live = describe_workers(client)
+        if chosen == "cuda":  # a real GPU's figures, measured there (None in the simulator)
+            live["device"] = calibrated_device(client)
+        return replace(self, plan=plan_job(self, live, chosen))
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed)."""
         started = time.perf_counter()
         if self.state is not None:
             self.output.check_replaceable(self.options.overwrite, self.options.resume)
-        with _connect(client, self.options) as c, _report(self.options.report):
+        report = report_context(self.options.report, self.options.storage_options)
+        with _connect(client, self.options) as c, report:
             backend = resolve_backend(c, self.options.backend, self.plan.compute_dtype)
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
@@ -144,6 +156,8 @@ class MatmulJob:
         )  # fmt: skip
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
+        rows, cols = plan.grid
+        pairs = plan.busy_threads * plan.panel_pair_bytes
         return TaskSpec(
             self.store,
             backend,
@@ -153,6 +167,12 @@ class MatmulJob:
             cache_bytes=plan.cache_bytes,
             block_shape=plan.block_shape,
             run_id=uuid.uuid4().hex,
+            panel_uses=(cols, rows),
+            # Panels in the cache, in use and prefetched (a full pool falls back to fresh).
+            buffer_bytes=plan.cache_bytes + 3 * pairs,
+            staging_bytes=(STAGED_PANELS + 1) * (pairs + 2 * plan.busy_threads * PAGE),
+            decode_threads=plan.decode_threads,
+            device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
             progress=self.options.progress,
         )
 
@@ -222,16 +242,28 @@ def plan_for(
         threads_per_worker=threads,
         memory_limit_bytes=limit,
         tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
-        device=device_model(options, live) if gpu else None,
+        device=device_model(options, live, backend) if gpu else None,
         decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
         output=options.output,
     )
 
 
-def device_model(options: JobOptions, live: dict[str, Any] | None) -> DeviceModel:
-    """The workers' calibrated GPU when known, else the configured device class's defaults
-    (``tilegemm.device-class``); capped by --device-memory-limit."""
+def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:
+    """The workers' calibrated GPU when known, the emulated device's figures, else the
+    configured device class's defaults (``tilegemm.device-class``); capped by
+    --device-memory-limit."""
     model = (live or {}).get("device")
+    if backend == "emulated":
+        p = emulated_params()
+        memory = int(p.get("memory_bytes") or 80 * 2**30)
+        model = DeviceModel(
+            "emulated",
+            memory,
+            p["tflops"] * 1e12,
+            p["tflops"] * 5e11,
+            p["h2d_gbps"] * 1e9,
+            "emulated",
+        )
     if model is None:
         name = str(dask.config.get("tilegemm.device-class", "h100-pcie")).lower()
         if name not in DEVICE_CLASSES:
@@ -241,6 +273,20 @@ def device_model(options: JobOptions, live: dict[str, Any] | None) -> DeviceMode
         model = DEVICE_CLASSES[name]
     cap = options.device_memory_limit_bytes
     return replace(model, memory_bytes=min(model.memory_bytes, cap)) if cap else model
+
+
+def emulated_params() -> dict[str, float]:
+    """The emulated device's figures: dask config ``tilegemm.emulated.tflops`` (float32; float64
+    runs at half), ``h2d-gbps`` and ``memory`` (a size; default 80GiB)."""
+    tflops = float(dask.config.get("tilegemm.emulated.tflops", 10.0))
+    h2d = float(dask.config.get("tilegemm.emulated.h2d-gbps", 25.0))
+    memory = dask.config.get("tilegemm.emulated.memory", "80GiB")
+    size = parse_size(memory) if isinstance(memory, str) else int(memory)
+    if tflops <= 0 or h2d <= 0:
+        raise UsageError(
+            f"tilegemm.emulated needs positive rates, got {tflops} TFLOP/s, {h2d} GB/s"
+        )
+    return {"tflops": tflops, "h2d_gbps": h2d, "memory_bytes": float(size)}
 
 
 def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
@@ -273,12 +319,3 @@ def _connect(client: Client | None, options: JobOptions) -> Iterator[Client]:
 
     with start(options.cluster, options.memory_limit_bytes) as c:
         yield c
-
-
-def _report(path: str | None) -> Any:
-    """distributed's performance report of the run, saved as HTML when asked for."""
-    if not path:
-        return contextlib.nullcontext()
-    from distributed import performance_report
-
-    return performance_report(filename=path)

@@ -1,8 +1,10 @@
-"""Human-readable text: the plan (--dry-run) and the end-of-run summary."""
+"""Human-readable text: the plan (--dry-run), the end-of-run summary, verify's outcome; and
+distributed's performance report of a run (--report)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import contextlib
+from typing import TYPE_CHECKING, Any
 
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
 from pipeline.plan.matmul import cpu_resource_seconds
@@ -10,6 +12,7 @@ from pipeline.plan.units import format_bytes
 
 if TYPE_CHECKING:
     from pipeline.job import MultiplyResult
+    from pipeline.verify import VerifyResult
 
 
 def format_plan(plan: MatmulPlan) -> str:
@@ -119,6 +122,89 @@ def format_accounting(result: MultiplyResult) -> str:
         else "workers' CPU: not measured"
     )
     return f"time: thread-seconds {phases or 'none'}; {cpu}"
+
+
+def format_verify(result: VerifyResult) -> str:
+    """verify's line on stdout; non-finite counts are added when there are any."""
+    status = "ok" if result.passed else "FAILED"
+    worst = (
+        f"worst residual/tolerance {result.worst_ratio:.3g} at row {result.worst_row}"
+        if result.worst_row >= 0
+        else "no finite row to check"
+    )
+    line = f"verify {status}: {result.rounds} round(s), {worst}"
+    if result.finite_inputs and result.pattern_matches:
+        return line
+    a = _nonfinite(result.a_nonfinite, result.a_nonfinite_rows, "row")
+    b = _nonfinite(result.b_nonfinite, result.b_nonfinite_columns, "column")
+    pattern = "matches" if result.pattern_matches else "differs"
+    finite = "FAILED" if _finite_part_failed(result) else "verified"
+    return (
+        f"{line}; A has {a}, B has {b}; C's non-finite pattern {pattern}; the finite part {finite}"
+    )
+
+
+def format_verify_error(result: VerifyResult) -> str:
+    """The one ``error:`` line of a failed verify: what differs, where, and what to do."""
+    problems = [_unexpected(result)] if result.c_unexpected else []
+    if result.c_missing:
+        problems.append(
+            f"C has {result.c_missing} finite value(s) where a non-finite row of A or column "
+            "of B makes the product non-finite"
+        )
+    if result.first_mismatch is not None:
+        problems.append(
+            f"first at row {result.first_mismatch[0]}, column {result.first_mismatch[1]}"
+        )
+    if _finite_part_failed(result):
+        problems.append(
+            f"worst residual/tolerance {result.worst_ratio:.3g} at row {result.worst_row}"
+        )
+    blocks = ", ".join(f"{r0}:{r1}" for r0, r1 in result.failing_row_blocks[:10])
+    more = (
+        f" and {len(result.failing_row_blocks) - 10} more"
+        if len(result.failing_row_blocks) > 10
+        else ""
+    )
+    return (
+        f"C != A @ B in row block(s) {blocks}{more}: {'; '.join(problems)}; recompute C with "
+        "`python -m pipeline multiply A B C --overwrite`"
+    )
+
+
+def report_context(
+    path: str | None, storage_options: dict[str, Any] | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """distributed's performance report of what runs inside, saved as self-contained HTML at
+    ``path`` (Bokeh's JavaScript inlined: it opens offline); nothing when ``path`` is None.
+    Needs a default distributed Client, like ``performance_report``."""
+    if not path:
+        return contextlib.nullcontext()
+    from distributed import performance_report
+
+    return performance_report(filename=path, mode="inline", storage_options=storage_options)
+
+
+def _unexpected(result: VerifyResult) -> str:
+    n, overflow = result.c_unexpected, result.c_overflow
+    head = f"C has {n} non-finite value(s) where A and B imply finite ones"
+    if not overflow:
+        return f"{head}, none of them an overflow (|A_i|·|B_j| is inside C's range): wrong elements"
+    maybe = (
+        f"{overflow} where |A_i|·|B_j| reaches the range of C's dtype, maybe overflows (store A "
+        "and B as float64 to avoid them)"
+    )
+    if overflow == n:
+        return f"{head}: {maybe}"
+    return f"{head}: {maybe}; {n - overflow} that cannot be overflows: wrong elements"
+
+
+def _nonfinite(values: int, lines: int, what: str) -> str:
+    return f"{values} non-finite value(s) in {lines} {what}(s)" if values else "0"
+
+
+def _finite_part_failed(result: VerifyResult) -> bool:
+    return result.worst_row >= 0 and not result.worst_ratio <= 1.0
 
 
 def _ratio(x: int, y: int) -> str:

@@ -85,7 +85,7 @@ def cpu_tile_task(
     with ``threads`` threads and 2 GiB, as ``multiply`` would plan and specify it."""
     from pipeline.job import fingerprint
     from pipeline.plan import StoreSpec, plan_matmul
-    from pipeline.run.worker import TaskSpec
+    from pipeline.run.spec import TaskSpec
     from pipeline.store.inputs import array_spec, open_input
     from pipeline.store.output import Output
 

@@ -93,7 +93,7 @@ def gpu_task_bytes(
 ) -> tuple[int, int]:
     """Host (pinned staging) and device bytes of one staged GPU tile task.
 
-    Host: STAGED_PANELS panel pairs decoded in the stored dtype and, when it differs, cast to
+    Host: STAGED_PANELS + 1 panel pairs decoded in the stored dtype and, when it differs, cast to
     the compute dtype, plus a band copied back and cast for writing; the accumulator lives on
     the device. Device: the accumulator and DEVICE_SLOTS panel pairs.
     """
@@ -102,7 +102,7 @@ def gpu_task_bytes(
     c = compute.itemsize
     a_item = a_dtype.itemsize + (c if a_dtype != compute else 0)
     b_item = b_dtype.itemsize + (c if b_dtype != compute else 0)
-    staged = STAGED_PANELS * (tm * a_item + tn * b_item) * panel_width
+    staged = (STAGED_PANELS + 1) * (tm * a_item + tn * b_item) * panel_width  # + the one copying
     band = band_rows * tn * (c + out.itemsize)
     device = tm * tn * c + DEVICE_SLOTS * (tm + tn) * panel_width * c
     return staged + band, device

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.errors import InputError, UsageError
+from pipeline.errors import InputError, IntegerOverflowError, UsageError
 
 OUT_DTYPES = (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
@@ -110,7 +110,7 @@ def _check_range(a_dtype: str, b_dtype: str, k: int, out: str, default: bool) ->
         return
     asked = f"the default output dtype {out} (numpy.result_type)" if default else f"--dtype {out}"
     holds = f"{_num(out_lo)}..{_num(out_hi)}" if np.dtype(out).kind in "biu" else f"±{out_hi:.4g}"
-    raise UsageError(
+    raise IntegerOverflowError(
         f"integer overflow: {a_dtype} @ {b_dtype} over K={k:,} can sum to "
         f"{_num(lo)}..{_num(hi)} (K x the extreme products of the dtypes' ranges; no data is "
         f"read), but {asked} holds {holds}; "

@@ -61,6 +61,20 @@ class MatmulPlan:
     """A GPU plan's modelled busy seconds per resource of one worker (see plan.device)."""
     modelled_seconds: float | None = None
     """A GPU plan's modelled makespan, in seconds (None: the CPU model)."""
+    decode_threads: int = 1
+    """A GPU plan's host threads per worker decoding panels ahead of the device."""
+
+    @property
+    def panel_pair_bytes(self) -> int:
+        """One A and one B panel of a full tile in the compute dtype, in bytes."""
+        tm, tn = self.tile_shape
+        width = max((k1 - k0 for k0, k1 in self.k_panels), default=0)
+        return (tm + tn) * width * np.dtype(self.compute_dtype).itemsize
+
+    @property
+    def busy_threads(self) -> int:
+        """Tasks a worker runs at once."""
+        return min(self.threads_per_worker, self.n_tasks)
 
     @property
     def grid(self) -> tuple[int, int]:

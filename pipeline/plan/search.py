@@ -100,7 +100,9 @@ def plan_matmul(
     panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
     spec = get_backend(backend)
     block = gemm_block(out, spec.min_gemm_block)
-    gpu = (device, spec.flops_fraction or 1.0, decode_threads) if device else None
+    # Calibrated and emulated figures are the backend's own rates; class defaults are peaks.
+    fraction = 1.0 if device and device.source != "defaults" else spec.flops_fraction or 1.0
+    gpu = (device, fraction, decode_threads) if device else None
     shared = {
         "a": a,
         "b": b,
@@ -219,6 +221,7 @@ def with_device(
         device=device,
         resource_seconds=tuple(seconds.items()),
         modelled_seconds=makespan(seconds, fill),
+        decode_threads=decode_threads,
     )
 
 

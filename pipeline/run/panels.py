@@ -24,10 +24,17 @@ class PanelCache:
         self.run_id = ""
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, Future[NDArray[Any]]] = OrderedDict()
+        self._uses: dict[Hashable, int] = {}  # gets left before a panel is dropped
         self._bytes = 0
 
-    def get(self, key: Hashable, load: Callable[[], NDArray[Any]]) -> tuple[NDArray[Any], bool]:
-        """(panel, decoded_here): decoded_here is False when another task's decode was reused."""
+    def get(
+        self, key: Hashable, load: Callable[[], NDArray[Any]], uses: int | None = None
+    ) -> tuple[NDArray[Any], bool]:
+        """(panel, decoded_here): decoded_here is False when another task's decode was reused.
+
+        ``uses``: how many tasks of the job read this panel; after that many gets it leaves
+        the cache, so its buffer goes back to the pool once its last reader drops it.
+        """
         with self._lock:
             if self.budget_bytes <= 0:
                 entry, mine = None, True
@@ -37,22 +44,40 @@ class PanelCache:
             else:
                 entry, mine = Future(), True
                 self._entries[key] = entry
+                if uses is not None:
+                    self._uses[key] = uses
+            if entry is not None and key in self._uses:
+                self._uses[key] -= 1
         if entry is None:  # caching is off
             return load(), True
         if not mine:
-            return entry.result(), False
+            panel = entry.result()
+            self._drop_if_used(key)
+            return panel, False
         try:
             panel = load()
         except BaseException as e:
             with self._lock:
                 self._entries.pop(key, None)
+                self._uses.pop(key, None)
             entry.set_exception(e)
             raise
         entry.set_result(panel)
         with self._lock:
             self._bytes += panel.nbytes
             self._evict()
+        self._drop_if_used(key)
         return panel, True
+
+    def _drop_if_used(self, key: Hashable) -> None:
+        """Forget a finished panel every planned reader has had."""
+        with self._lock:
+            if self._uses.get(key, 1) > 0:
+                return
+            entry = self._entries.pop(key, None)
+            del self._uses[key]
+            if entry is not None and entry.done() and entry.exception() is None:
+                self._bytes -= entry.result().nbytes
 
     def _evict(self) -> None:
         """Drop least recently used finished panels until under budget (never the newest)."""
@@ -63,12 +88,14 @@ class PanelCache:
             if entry.done() and entry.exception() is None:
                 self._bytes -= entry.result().nbytes
                 del self._entries[key]
+                self._uses.pop(key, None)
 
     def use(self, run_id: str, budget_bytes: int) -> None:
         """Switch to a job: a new job's first task drops the panels of the previous one."""
         with self._lock:
             if run_id != self.run_id:
                 self._entries.clear()
+                self._uses.clear()
                 self._bytes = 0
                 self.run_id = run_id
             self.budget_bytes = budget_bytes
@@ -81,12 +108,14 @@ class PanelCache:
                 return 0
             freed = self._bytes
             self._entries.clear()
+            self._uses.clear()
             self._bytes = 0
             return freed
 
     def clear(self) -> None:
         with self._lock:
             self._entries.clear()
+            self._uses.clear()
             self._bytes = 0
 
 

@@ -33,9 +33,11 @@ class PhaseTimes:
         try:
             yield
         finally:
-            elapsed = time.perf_counter() - started
-            with self._lock:
-                self.seconds[phase] += elapsed
+            self.add(phase, time.perf_counter() - started)
+
+    def add(self, phase: str, seconds: float) -> None:
+        with self._lock:
+            self.seconds[phase] += seconds
 
     def as_dict(self) -> dict[str, float]:
         with self._lock:

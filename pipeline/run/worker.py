@@ -6,56 +6,20 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.backends import make_accumulator
-from pipeline.plan import StoreSpec, Tile, row_bands
-from pipeline.run import events
+from kernels.backends import get_backend, make_accumulator
+from pipeline.plan import Tile, row_bands
+from pipeline.run import events, staged
 from pipeline.run.panels import CACHE
+from pipeline.run.reading import read_panel
+from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import PhaseTimes, add_phases
 from pipeline.store import inputs
-from pipeline.store.output import Output
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything a task needs besides its tile; pickled once per task."""
-
-    store: StoreSpec
-    backend: str
-    """A name in kernels.backends (already resolved from "auto")."""
-    compute_dtype: str
-    out_dtype: str
-    fingerprint: str
-    """The plan's fingerprint, written into journal entries."""
-    cache_bytes: int = 0
-    """Budget of the worker's shared cache of decoded panels, in bytes (0: off)."""
-    block_shape: tuple[int, int] | None = None
-    """The plan's fixed gemm block (same bytes on any cluster)."""
-    run_id: str = ""
-    """Unique per job: cached panels never outlive the job that decoded them (inputs may be
-    rewritten in place between jobs on a long-lived cluster)."""
-    progress: bool = False
-    """Send per-panel progress events (pipeline.run.events)."""
-
-    @property
-    def output(self) -> Output:
-        return Output(self.store.out_url, self.store.storage_options)
-
-
-@dataclass(frozen=True)
-class TileStats:
-    index: tuple[int, int]
-    bytes_read: int
-    seconds: float
-    checksum: int
-    """crc32 of the tile's bytes as written."""
-    phases: dict[str, float] = field(default_factory=dict)
-    """Thread-seconds per phase (see pipeline.run.timing)."""
 
 
 def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
@@ -63,8 +27,11 @@ def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
 
     Returns (partial, bytes_read). The next panel is read while the current one multiplies.
     """
-    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
     clock = PhaseTimes()
+    if get_backend(spec.backend).make_device is not None:
+        partial, bytes_read = staged.product(spec, tile, panels, clock)
+        return partial, bytes_read, clock.as_dict()
+    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
     bytes_read = _multiply(spec, tile, panels, acc, clock)
     with clock.measure("copy"):
         partial = acc.result()
@@ -99,7 +66,6 @@ def tile_product_write(
     the last panel goes band by band and each finished band is written in a thread."""
     start = time.perf_counter()
     out = spec.output.writable(spec.fingerprint)
-    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
     clock = PhaseTimes()
     crc = [0]  # chained over the bands in row order: the whole tile's crc32
 
@@ -115,15 +81,17 @@ def tile_product_write(
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:
         written: list[Future[None]] = []
 
-        def finished(band: tuple[int, int]) -> None:
+        def finished(band: tuple[int, int], partial: NDArray[Any]) -> None:
             if len(written) >= 2:
                 with clock.measure("wait"):  # at most two bands queued (host copies on a GPU)
                     written[-2].result()
-            with clock.measure("copy"):
-                partial = acc.result(band)
             written.append(writer.submit(write, band, partial))
 
-        bytes_read = _multiply(spec, tile, panels, acc, clock, finished)
+        if get_backend(spec.backend).make_device is not None:
+            bytes_read = staged.product_bands(spec, tile, panels, clock, finished)
+        else:
+            acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
+            bytes_read = _multiply(spec, tile, panels, acc, clock, finished)
         with clock.measure("wait"):
             for future in written:
                 future.result()  # a failed write raises here
@@ -136,10 +104,11 @@ def _multiply(
     panels: tuple[tuple[int, int], ...],
     acc: Any,
     clock: PhaseTimes,
-    finished: Callable[[tuple[int, int]], None] | None = None,
+    finished: Callable[[tuple[int, int], NDArray[Any]], None] | None = None,
 ) -> int:
     """Add every panel's product into ``acc``; returns the bytes decoded. With ``finished``,
-    the last panel is added band by band and ``finished(band)`` is called as each is final."""
+    the last panel is added band by band and ``finished(band, result)`` is called as each is
+    final."""
     a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
     b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     CACHE.use(spec.run_id, spec.cache_bytes)
@@ -157,12 +126,23 @@ def _multiply(
         for band in bands:
             with clock.measure("product"):
                 acc.add(a_panel[band[0] : band[1]], b_panel, rows=band)
-            finished(band)
+            _hand_over(acc, band, clock, finished)
         report.panel_done(events.panel_flops(a_panel, b_panel), decoded)
     if finished is not None and not panels:  # K == 0: the zero product, written as is
         for band in bands:
-            finished(band)
+            _hand_over(acc, band, clock, finished)
     return bytes_read
+
+
+def _hand_over(
+    acc: Any,
+    band: tuple[int, int],
+    clock: PhaseTimes,
+    finished: Callable[[tuple[int, int], NDArray[Any]], None],
+) -> None:
+    with clock.measure("copy"):
+        partial = acc.result(band)
+    finished(band, partial)
 
 
 def _journal(
@@ -186,15 +166,7 @@ def _prefetched(
     while panel i is used; panels another task of this worker decoded are reused."""
 
     def one(array: Any, url: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
-        key = (spec.run_id, url, rows, cols, spec.compute_dtype)
-        name = "A" if url == spec.store.a_url else "B"
-
-        def decode() -> NDArray[Any]:
-            with clock.measure("decode"):
-                return inputs.read_block(array, rows, cols, spec.compute_dtype, name, url)
-
-        block, mine = CACHE.get(key, decode)
-        return block, _stored_bytes(array, block) if mine else 0
+        return read_panel(spec, array, "A" if url == spec.store.a_url else "B", rows, cols, clock)
 
     if not panels:
         return
@@ -218,7 +190,3 @@ def _prefetched(
             pending = start(nxt)
             yield current
         yield finish(pending)
-
-
-def _stored_bytes(array: Any, block: NDArray[Any]) -> int:
-    return int(block.size) * int(np.dtype(array.dtype).itemsize)

@@ -54,10 +54,10 @@ def cuda_client() -> Iterator[Client]:
 
 
 def _count_cuda_products() -> None:
-    """Run on each worker: count CudaAccumulator.add calls from now on."""
-    from kernels.cuda_host import CudaAccumulator
+    """Run on each worker: count the staged engine's kernel launches (NumbaDevice.gemm)."""
+    from kernels.device import NumbaDevice
 
-    add = getattr(CudaAccumulator.add, "__wrapped__", CudaAccumulator.add)
+    add = getattr(NumbaDevice.gemm, "__wrapped__", NumbaDevice.gemm)
 
     @functools.wraps(add)
     def counted(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -65,13 +65,13 @@ def _count_cuda_products() -> None:
         add(self, *args, **kwargs)
 
     counted.calls = 0  # type: ignore[attr-defined]
-    CudaAccumulator.add = counted  # type: ignore[method-assign, assignment]
+    NumbaDevice.gemm = counted  # type: ignore[method-assign, assignment]
 
 
 def _cuda_products_counted() -> int:
-    from kernels.cuda_host import CudaAccumulator
+    from kernels.device import NumbaDevice
 
-    return int(getattr(CudaAccumulator.add, "calls", 0))
+    return int(getattr(NumbaDevice.gemm, "calls", 0))
 
 
 # Pickled by value: the workers need not import this test module (nor pytest).
@@ -117,7 +117,7 @@ def test_cuda_backend_runs_tiles_on_both_workers(
         event["worker"] for event in stream.data if str(event["key"]).startswith(TILE_TASK_PREFIXES)
     }
     assert workers == set(cuda_client.scheduler_info()["workers"]), workers
-    # the products ran through the CUDA accumulator (simulated) on every worker, not BLAS
+    # the products ran through the staged engine's CUDA kernel (simulated) on every worker
     products = cuda_client.run(_cuda_products_counted)
     assert all(n >= 1 for n in products.values()), products
 

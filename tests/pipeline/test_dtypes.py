@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline import multiply
-from pipeline.errors import UsageError
+from pipeline.errors import IntegerOverflowError, PipelineError, UsageError
 from pipeline.plan import output_dtypes
 from pipeline.plan.dtypes import sum_range
 from tests.helpers import assert_product, run_cli, write_array
@@ -70,8 +70,12 @@ def test_accepted(a: str, b: str, k: int, asked: str | None, out: str, acc: str)
     ],
 )  # fmt: skip
 def test_refused(a: str, b: str, k: int, asked: str | None, message: str) -> None:
-    with pytest.raises(UsageError, match=message):
+    with pytest.raises(PipelineError, match=message) as caught:
         output_dtypes(a, b, k, asked)
+    overflow = not any(w in message for w in ("truncate", "imaginary", "not an output dtype"))
+    kind = (IntegerOverflowError, OverflowError) if overflow else (UsageError,)
+    assert all(isinstance(caught.value, c) for c in kind), type(caught.value)
+    assert caught.value.exit_code == 2
 
 
 @settings(max_examples=300, deadline=None)
@@ -88,7 +92,7 @@ def test_accepted_integer_products_never_wrap(a: str, b: str, out: str, k: int) 
     info = np.iinfo(out)
     try:
         _, acc = output_dtypes(a, b, k, out)
-    except UsageError:
+    except IntegerOverflowError:
         assert lo < info.min or hi > info.max
         return
     for x in _extremes(a):

@@ -1,0 +1,222 @@
+"""The command line's parser: subcommands and options, argparse types (sizes, MxN pairs,
+positive integers, KEY=VALUE storage options), and one ``error:`` line with a suggestion for a
+misspelled option or choice."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from typing import Any, NoReturn
+
+from kernels.backends import CHOICES
+from pipeline.errors import UsageError
+from pipeline.plan.units import parse_size
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports usage errors as one ``error:`` line and exit code 2, with a
+    suggestion for a misspelled choice."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {message}{_suggest_choice(message)} (see `{self.prog} --help`)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(
+        prog="python -m pipeline",
+        description="Multiply Zarr matrices on a Dask cluster (GPU kernels or CPU BLAS).",
+    )
+    parser.add_argument("-v", "--debug", action="store_true", help="tracebacks and debug logs")
+    # Also accepted after the subcommand (`multiply A B OUT --debug`), as error lines suggest;
+    # SUPPRESS keeps a subcommand from resetting a -v given before it.
+    common = Parser(add_help=False)
+    common.add_argument(
+        "-v",
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="tracebacks and debug logs (also accepted before the command)",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    mul = sub.add_parser("multiply", help="OUT = A @ B", parents=[common])
+    mul.add_argument("a", metavar="A", help="path or fsspec URL of a 2-D Zarr array")
+    mul.add_argument("b", metavar="B", help="path or fsspec URL of a 2-D Zarr array")
+    mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
+    mul.add_argument(
+        "--backend",
+        choices=CHOICES,
+        default="auto",
+        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
+    )
+    _cluster_args(mul)
+    mul.add_argument(
+        "--device-memory-limit",
+        type=_size,
+        metavar="SIZE",
+        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
+    )
+    mul.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
+        "products that could overflow it are refused",
+    )
+    mul.add_argument(
+        "--chunks", metavar="RxC", help="OUT's chunks (default: A's row chunk x B's column chunk)"
+    )
+    mul.add_argument(
+        "--shards",
+        metavar="RxC",
+        help="OUT's Zarr v3 shards, whole chunks each (default: the inputs' shards, if any)",
+    )
+    write = mul.add_mutually_exclusive_group()
+    write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
+    write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
+    mul.add_argument("--verify", action="store_true", help="check the product (Freivalds)")
+    mul.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    mul.add_argument("--report", metavar="FILE.html", help="save distributed's performance report")
+    mul.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    ver = sub.add_parser(
+        "verify", help="exit 0 if C == A @ B within floating-point tolerance", parents=[common]
+    )
+    for name in ("A", "B", "C"):
+        ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
+    ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
+    ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
+    _cluster_args(ver)
+    ver.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    rnd = sub.add_parser(
+        "random", help="write a random matrix as a Zarr v3 array", parents=[common]
+    )
+    rnd.add_argument("out", metavar="OUT", help="where to write the array (Zarr v3)")
+    rnd.add_argument("--shape", required=True, type=_pair, help="MxN, e.g. 4096x4096")
+    rnd.add_argument("--chunks", required=True, type=_pair, help="RxC, e.g. 1024x1024")
+    rnd.add_argument("--dtype", default="float32", help="numpy dtype (default float32)")
+    rnd.add_argument("--seed", type=int, default=0, help="seed (same seed, same array)")
+    rnd.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    rnd.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs (repeatable)",
+    )
+    return parser
+
+
+def _cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scheduler", metavar="ADDRESS", help="use this running cluster")
+    p.add_argument("--workers", type=positive_int, help="local worker processes")
+    p.add_argument("--threads-per-worker", type=positive_int, help="threads per local worker")
+    p.add_argument("--memory-limit", type=_size, metavar="SIZE", help="per worker, e.g. 8GiB")
+    p.add_argument(
+        "--dashboard-address",
+        default="127.0.0.1:8787",
+        metavar="HOST:PORT",
+        help="where the Dask dashboard listens (default 127.0.0.1:8787)",
+    )
+    p.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="fsspec option for s3:// and other URLs (repeatable)",
+    )
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, with a suggestion for a misspelled option."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        sub = _subcommands(parser)[args.command]
+        options = [o for action in sub._actions for o in action.option_strings]
+        sub.error(f"unrecognized arguments: {' '.join(extras)}{_suggest(extras, options)}")
+    args.debug = getattr(args, "debug", False)
+    return args
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
+def _suggest(tokens: list[str], options: list[str]) -> str:
+    """``; did you mean --x?`` for the first option-like token close to one of ``options``."""
+    for token in tokens:
+        if token.startswith("-"):
+            close = difflib.get_close_matches(token.split("=", 1)[0], options, n=1, cutoff=0.6)
+            if close:
+                return f"; did you mean {close[0]}?"
+    return ""
+
+
+def _suggest_choice(message: str) -> str:
+    """``; did you mean 'x'?`` for argparse's "invalid choice: 'y' (choose from ...)"."""
+    found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if not found:
+        return ""
+    choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def parse_storage_options(items: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings to a dict; true/false/none and numbers become Python values."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--storage-option {item!r} is not KEY=VALUE, e.g. anon=true")
+        if key == "region":  # s3fs takes the region inside client_kwargs
+            out.setdefault("client_kwargs", {})["region_name"] = value
+            continue
+        out[key] = _scalar(value)
+    return out
+
+
+def _scalar(value: str) -> Any:
+    lowered = value.lower()
+    if lowered in ("true", "false"):
+        return lowered == "true"
+    if lowered == "none":
+        return None
+    for kind in (int, float):
+        try:
+            return kind(value)
+        except ValueError:
+            pass
+    return value
+
+
+def _pair(text: str) -> tuple[int, int]:
+    parts = text.lower().split("x")
+    try:
+        m, n = (int(p) for p in parts)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxN with two integers") from None
+    if m < 0 or n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} has a negative size")
+    return m, n
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except UsageError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

@@ -1,0 +1,55 @@
+"""What a tile task is given and what it returns: pickled between the client and workers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pipeline.plan import StoreSpec
+from pipeline.store.output import Output
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task needs besides its tile; pickled once per task."""
+
+    store: StoreSpec
+    backend: str
+    """A name in kernels.backends (already resolved from "auto")."""
+    compute_dtype: str
+    out_dtype: str
+    fingerprint: str
+    """The plan's fingerprint, written into journal entries."""
+    cache_bytes: int = 0
+    """Budget of the worker's shared cache of decoded panels, in bytes (0: off)."""
+    block_shape: tuple[int, int] | None = None
+    """The plan's fixed gemm block (same bytes on any cluster)."""
+    run_id: str = ""
+    """Unique per job: cached panels never outlive the job that decoded them (inputs may be
+    rewritten in place between jobs on a long-lived cluster)."""
+    panel_uses: tuple[int, int] = (1, 1)
+    """Tiles that read each A panel and each B panel (the tile columns and rows)."""
+    buffer_bytes: int = 0
+    """Budget of the worker's pool of panel buffers, in bytes (0: fresh arrays)."""
+    staging_bytes: int = 0
+    """Budget of the worker's pinned staging pool (GPU backends driven by the staged engine)."""
+    decode_threads: int = 2
+    """Threads of a GPU task decoding panels ahead of the device."""
+    device_params: tuple[tuple[str, float], ...] = ()
+    """The device's parameters (the emulated backend's modelled rates)."""
+    progress: bool = False
+    """Send per-panel progress events (pipeline.run.events; the CPU path)."""
+
+    @property
+    def output(self) -> Output:
+        return Output(self.store.out_url, self.store.storage_options)
+
+
+@dataclass(frozen=True)
+class TileStats:
+    index: tuple[int, int]
+    bytes_read: int
+    seconds: float
+    checksum: int
+    """crc32 of the tile's bytes as written."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Thread-seconds per phase (see pipeline.run.timing)."""

@@ -1,0 +1,96 @@
+"""Worker side, GPU backends: a tile's K loop fed to the device by the staged engine.
+
+Decode threads read the next panels straight into pinned staging buffers (a bounded pool of
+the worker process), a copy stream moves panel k+1 while the compute stream multiplies panel
+k, and the accumulator stays on the device (kernels.staged). Every task of the worker drives
+the worker's one device. The last panel goes band by band; each finished band is copied back
+and handed to the caller's writer while the next band computes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from numpy.typing import NDArray
+
+from kernels.backends import get_backend
+from kernels.buffers import process_pool
+from kernels.staged import Panel, StagedProduct, StagedStats
+from pipeline.plan import Tile, row_bands
+from pipeline.run.panels import CACHE
+from pipeline.run.reading import read_panel
+from pipeline.run.spec import TaskSpec
+from pipeline.run.timing import PhaseTimes
+from pipeline.store import inputs
+
+Finished = Callable[[tuple[int, int], NDArray[Any]], None]
+
+
+def product(
+    spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...], clock: PhaseTimes
+) -> tuple[NDArray[Any], int]:
+    """(the tile's partial product on the host, bytes decoded) over the given K panels."""
+    engine = _engine(spec, tile)
+    stats = engine.run(_panels(spec, tile, panels, clock))
+    _account(stats, clock)
+    with clock.measure("copy"):
+        return engine.result(), stats.bytes_decoded
+
+
+def product_bands(
+    spec: TaskSpec,
+    tile: Tile,
+    panels: tuple[tuple[int, int], ...],
+    clock: PhaseTimes,
+    finished: Finished,
+) -> int:
+    """The whole tile, its last panel band by band: ``finished(band, rows)`` gets each band
+    as soon as it is final (a copy: the engine reuses its buffer). Returns bytes decoded."""
+
+    def hand_over(band: tuple[int, int], host: NDArray[Any]) -> None:
+        with clock.measure("copy"):
+            rows = host.copy()
+        finished(band, rows)
+
+    engine = _engine(spec, tile)
+    bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
+    stats = engine.run(_panels(spec, tile, panels, clock), hand_over, bands)
+    _account(stats, clock)
+    return stats.bytes_decoded
+
+
+def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
+    make_device = get_backend(spec.backend).make_device
+    assert make_device is not None, f"{spec.backend} is not driven by the staged engine"
+    device = make_device(dict(spec.device_params))
+    pool = process_pool(f"staging-{device.name}", device.allocator, spec.staging_bytes)
+    return StagedProduct(
+        device, tile.shape, spec.compute_dtype, pool, decode_threads=spec.decode_threads
+    )
+
+
+def _panels(
+    spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...], clock: PhaseTimes
+) -> list[Panel]:
+    a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
+    b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
+    CACHE.use(spec.run_id, spec.cache_bytes)
+
+    def fill(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
+        def into(out: NDArray[Any]) -> int:
+            return read_panel(spec, array, which, rows, cols, clock, out)[1]
+
+        return into
+
+    return [
+        Panel(k[1] - k[0], fill(a, "A", tile.rows, k), fill(b, "B", k, tile.cols)) for k in panels
+    ]
+
+
+def _account(stats: StagedStats, clock: PhaseTimes) -> None:
+    """The engine's thread: driving the device (product) or waiting for decoded panels and
+    free staging buffers (wait). The device's own busy time is on its timeline."""
+    waited = stats.decode_wait_seconds + stats.pool_wait_seconds
+    clock.add("wait", waited)
+    clock.add("product", max(stats.seconds - waited, 0.0))
