@@ -20,6 +20,7 @@ import pytest
 import zarr
 from distributed import Client
 
+from kernels.backends import CHOICES
 from pipeline.cli import build_parser, dashboard_address, main, parse_args
 from pipeline.report import report_context
 from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
@@ -60,8 +61,9 @@ def test_debug_is_accepted_before_or_after_the_command(argv: list[str], debug: b
         ),
         (  # a misspelled choice
             ["multiply", "a", "b", "c", "--backend", "cdua"],
-            "error: argument --backend: invalid choice: 'cdua' (choose from 'auto', 'cuda', "
-            "'cpu', 'cublas'); did you mean 'cuda'? (see `python -m pipeline multiply --help`)",
+            "error: argument --backend: invalid choice: 'cdua' (choose from "
+            f"{', '.join(map(repr, CHOICES))}); did you mean 'cuda'? "
+            "(see `python -m pipeline multiply --help`)",
         ),
         (  # a misspelled command
             ["multipy", "a", "b", "c"],
