@@ -166,6 +166,7 @@ class MatmulJob:
             staging_bytes=(STAGED_PANELS + 1) * (pairs + 2 * plan.busy_threads * PAGE),
             decode_threads=plan.decode_threads,
             device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
+            overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
         )
 
     def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
