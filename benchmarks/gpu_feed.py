@@ -30,12 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_feed", description=__doc__)
     parser.add_argument("a", metavar="A")
     parser.add_argument("b", metavar="B")
-    parser.add_argument("--device-tflops", type=float, required=True, help="float32 TFLOP/s")
-    parser.add_argument("--h2d-gbps", type=float, required=True, help="host-to-device GB/s")
+    parser.add_argument("--device-tflops", type=float, help="float32 TFLOP/s (emulated)")
+    parser.add_argument("--h2d-gbps", type=float, help="host-to-device GB/s (emulated)")
+    parser.add_argument(
+        "--real", action="store_true", help="a real GPU (backend cuda), no emulation"
+    )
     parser.add_argument("--device-memory", default="80GiB", help="device memory (default 80GiB)")
     parser.add_argument("--no-overlap", action="store_true", help="baseline: stages in series")
     parser.add_argument("--out", help="where to write OUT (default: a temporary folder)")
     args = parser.parse_args(argv)
+    if args.real:
+        return real(args.a, args.b, args.out)
+    if args.device_tflops is None or args.h2d_gbps is None:
+        parser.error("give --device-tflops and --h2d-gbps (or --real on a GPU machine)")
     settings = {
         "tilegemm.emulated.tflops": args.device_tflops,
         "tilegemm.emulated.h2d-gbps": args.h2d_gbps,
@@ -56,6 +63,37 @@ def main(argv: list[str] | None = None) -> int:
         f"emulated device: busy {report['busy']:.2f} of the execution window "
         f"{report['window']:.2f} s; bound by {report['bound_by']}"
     )
+    return 0
+
+
+def real(a: str, b: str, out: str | None) -> int:
+    """On a GPU machine: the same path on the cuda backend, the device's busy time from CUDA
+    events around every kernel, beside the model's prediction (make bench-gpu)."""
+    from distributed import get_task_stream
+
+    from cluster import ClusterSpec, start
+    from kernels.device import numba_device
+    from pipeline import prepare
+
+    target = out or tempfile.mkdtemp(prefix="gpu-feed-") + "/c.zarr"
+    job = prepare(a, b, target, backend="cuda", overwrite=True)
+    device = numba_device()
+    device.record_kernels, device.kernel_events = True, []
+    cluster = start(ClusterSpec(workers=1, dashboard_address=":0"))
+    with cluster as client, get_task_stream(client) as stream:
+        result = job.execute(client)
+    offset = time.time() - time.perf_counter()
+    window = _window(stream.data, offset)
+    length = window[1] - window[0]
+    busy = device.kernel_seconds() / length
+    plan = result.plan
+    print(f"{'':<10}{'window s':>10}{'TFLOP/s':>10}{'busy':>8}  bound by")
+    print(f"{'measured':<10}{length:>10.2f}{plan.flops / length / 1e12:>10.2f}{busy:>8.2f}")
+    print(
+        f"{'model':<10}{plan.estimated_seconds:>10.2f}"
+        f"{plan.flops / plan.estimated_seconds / 1e12:>10.2f}{'':>8}  {plan.bound_by}"
+    )
+    print(f"GPU device: busy {busy:.2f} of the execution window {length:.2f} s (measured)")
     return 0
 
 
