@@ -65,3 +65,25 @@ def test_emulated_output_is_no_product(operands: tuple[str, str], tmp_path: Path
     with dask.config.set({"tilegemm.emulated.tflops": 100.0, "tilegemm.emulated.h2d-gbps": 50.0}):
         gpu_feed.run(*operands, out=str(tmp_path / "c.zarr"))
     assert np.isnan(zarr.open_array(str(tmp_path / "c.zarr"), mode="r")[:]).all()
+
+
+def test_kernel_events_are_recorded_in_the_simulator() -> None:
+    from kernels.device import NumbaDevice
+
+    device = NumbaDevice()
+    device.record_kernels = True
+    s = device.stream()
+    acc = device.zeros((4, 4), np.float32)
+    a, b = device.zeros((4, 3), np.float32), device.zeros((3, 4), np.float32)
+    device.gemm(acc, a, b, s)
+    s.synchronize()
+    assert len(device.kernel_events) == 1 and device.kernel_seconds() >= 0.0
+
+
+@pytest.mark.gpu
+def test_real_gpu_feed_prints_measured_and_model(
+    operands: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpu_feed.main([*operands, "--real"]) == 0
+    out = capsys.readouterr().out
+    assert "measured" in out and "model" in out and out.strip().endswith("s (measured)")
