@@ -61,7 +61,8 @@ def test_debug_is_accepted_before_or_after_the_command(argv: list[str], debug: b
         (  # a misspelled choice
             ["multiply", "a", "b", "c", "--backend", "cdua"],
             "error: argument --backend: invalid choice: 'cdua' (choose from 'auto', 'cuda', "
-            "'cpu', 'cublas'); did you mean 'cuda'? (see `python -m pipeline multiply --help`)",
+            "'cpu', 'cublas', 'emulated'); did you mean 'cuda'? "
+            "(see `python -m pipeline multiply --help`)",
         ),
         (  # a misspelled command
             ["multipy", "a", "b", "c"],
