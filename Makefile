@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint bench clean
+.PHONY: venv demo test test-slow test-gpu check lint bench bench-gpu bench-feed clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,23 @@ bench: venv
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[bench]'
 	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F32) --dtype float32 --repeats 3
 	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F64) --dtype float64 --repeats 3
+
+# How well the host feeds a GPU, on an EMULATED device (no GPU needed): compute-bound and
+# balanced, 8192² float32 in 2048² zstd chunks.
+FEED_DATA ?= bench-data
+bench-feed: venv
+	$(PY) -m pipeline random $(FEED_DATA)/feed-a.zarr --shape 8192x8192 --chunks 2048x2048 --seed 1 --overwrite
+	$(PY) -m pipeline random $(FEED_DATA)/feed-b.zarr --shape 8192x8192 --chunks 2048x2048 --seed 2 --overwrite
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 0.25 --h2d-gbps 25
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --no-overlap
+
+# On a machine with a CUDA GPU: the same path, real kernels, busy time from CUDA events.
+bench-gpu: venv
+	$(PY) -m pipeline random $(FEED_DATA)/feed-a.zarr --shape 8192x8192 --chunks 2048x2048 --seed 1 --overwrite
+	$(PY) -m pipeline random $(FEED_DATA)/feed-b.zarr --shape 8192x8192 --chunks 2048x2048 --seed 2 --overwrite
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --real
+	$(PY) -m benchmarks.gpu_kernels
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -96,22 +96,25 @@ def run_tool(tool: str, a: str, b: str, out: Path) -> dict[str, Any]:
     else:
         cmd = [sys.executable, "-c", PEER_SCRIPT, tool, a, b, str(out)]
     started = time.perf_counter()
-    proc, peak, cpu = run_sampled(cmd)
+    proc, peak, usage = run_sampled(cmd)
     wall = time.perf_counter() - started
     if proc.returncode != 0:
         raise RuntimeError(f"{tool} failed: {proc.stderr[-2000:]}")
     seconds = (
         wall if tool == "pipeline" else json.loads(proc.stdout.strip().splitlines()[-1])["seconds"]
     )
-    result = {"seconds": seconds, "wall": wall, "peak_bytes": peak, "cpu_seconds": cpu}
+    result = {"seconds": seconds, "wall": wall, "peak_bytes": peak, **usage}
+    result["cpu_seconds"] = usage["user"] + usage["system"]
     if tool == "pipeline":
-        result["summary"] = proc.stdout.strip().splitlines()[-1]
+        lines = proc.stdout.strip().splitlines()
+        result["summary"] = lines[-1]
+        result["accounting"] = next((x for x in lines if x.startswith("time:")), "")
     return result
 
 
-def run_sampled(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], int, float]:
+def run_sampled(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], int, dict[str, float]]:
     """Run cmd; sample the RSS of its whole process tree every 50 ms. Returns the process, its
-    peak tree RSS and the CPU seconds (user + system) of the tree."""
+    peak tree RSS and the tree's user and system seconds and minor page faults."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     peak = [0]
@@ -131,8 +134,11 @@ def run_sampled(cmd: list[str]) -> tuple[subprocess.CompletedProcess[str], int, 
     stdout, stderr = proc.communicate()
     thread.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = sum(getattr(after, f) - getattr(before, f) for f in ("ru_utime", "ru_stime"))
-    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), peak[0], cpu
+    usage = {
+        name: float(getattr(after, field) - getattr(before, field))
+        for name, field in (("user", "ru_utime"), ("system", "ru_stime"), ("faults", "ru_minflt"))
+    }
+    return subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr), peak[0], usage
 
 
 def _rss(p: psutil.Process) -> int:
@@ -168,7 +174,11 @@ def summarize(size: int, dtype: str, runs: dict[str, list[dict[str, Any]]]) -> l
             "time_vs_dask_threads": seconds / threads if threads else None,
             "peak_gib": max(r["peak_bytes"] for r in results) / 2**30,
             "cpu_seconds": statistics.median(r["cpu_seconds"] for r in results),
+            "user_seconds": statistics.median(r["user"] for r in results),
+            "system_seconds": statistics.median(r["system"] for r in results),
+            "page_faults": statistics.median(r["faults"] for r in results),
             "summary": results[-1].get("summary", ""),
+            "accounting": results[-1].get("accounting", ""),
         })  # fmt: skip
     return rows
 
@@ -183,20 +193,26 @@ def write_results(stem: str, rows: list[dict[str, Any]], startup: float, args: A
         f"Start-up (whole CLI on a 64x64 product): {startup:.2f} s.",
         "",
         "| size | tool | median s | runs | GFLOP/s | speed vs numpy | time vs dask threads "
-        "| peak tree GiB | tree CPU s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| peak tree GiB | user s | system s | minor faults |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['size']} | {r['tool']} | {r['seconds']:.2f} | {r['runs']} | {r['gflops']:.1f} "
             f"| {_fmt(r['speed_vs_numpy'])} | {_fmt(r['time_vs_dask_threads'])} "
-            f"| {r['peak_gib']:.2f} | {r['cpu_seconds']:.1f} |"
+            f"| {r['peak_gib']:.2f} | {r['user_seconds']:.1f} | {r['system_seconds']:.2f} "
+            f"| {r['page_faults']:.0f} |"
         )
-    summaries = [f"- {r['size']}: {r['summary']}" for r in rows if r["tool"] == "pipeline"]
+    summaries = [
+        f"- {r['size']}: {r['summary']}\n  {r['accounting']}"
+        for r in rows
+        if r["tool"] == "pipeline"
+    ]
     lines += [
         "",
-        "Tree CPU s: user + system seconds of the whole run's process tree (median), loading and "
-        "start-up included (numpy's loading is not in its time but is in its CPU).",
+        "user s, system s, minor faults: the whole run's process tree (medians), loading and "
+        "start-up included (numpy's loading is not in its time but is in its CPU). "
+        f"CPU: {_cpu_model()}.",
         "",
         "Pipeline summaries (last run):",
         *summaries,
@@ -228,6 +244,16 @@ def plot(stem: str, rows: list[dict[str, Any]]) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{stem}.png", dpi=120)
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def _fmt(x: float | None) -> str:

@@ -6,7 +6,9 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 from collections.abc import Iterator
+from typing import Any
 
 import dask
 from distributed import Client
@@ -70,6 +72,8 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
             }
         ):
             cluster = LocalCluster(**options)
+        if options.get("scheduler_kwargs", {}).get("dashboard") is False:
+            attach_dashboard(cluster)
     with cluster, Client(cluster) as client:
         log.info(
             "started %s with %d worker(s); dashboard: %s",
@@ -78,6 +82,24 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
             dashboard_link(client, spec.dashboard_address),
         )
         yield client
+
+
+def attach_dashboard(cluster: Any) -> None:
+    """Import bokeh in a thread and attach the scheduler's dashboard on its event loop: the
+    job starts meanwhile and /status answers a few tenths of a second later."""
+
+    def attach() -> None:
+        try:
+            import distributed.dashboard.scheduler as dashboard
+        except ImportError:  # no bokeh: the link says so
+            return
+        scheduler = cluster.scheduler
+        with contextlib.suppress(Exception):  # the job may be over and the loop closed
+            cluster.loop.add_callback(
+                dashboard.connect, scheduler.http_application, scheduler.http_server, scheduler, "/"
+            )
+
+    threading.Thread(target=attach, name="dashboard-attach", daemon=True).start()
 
 
 def dashboard_link(client: Client, address: str) -> str:

@@ -44,4 +44,8 @@ def local_cluster_options(
     options = {**common, "n_workers": workers, "threads_per_worker": threads}
     if workers == 1:
         del options["host"]  # in-process transport: nothing listens but the dashboard
+        # Bokeh's import (~0.3 s) would hold up the start: the scheduler's dashboard is
+        # attached once the cluster runs (cluster.lifecycle); no separate worker dashboard.
+        options["scheduler_kwargs"] = {"dashboard": False}
+        options["worker_dashboard_address"] = None
     return "cpu", {**options, "processes": workers > 1}

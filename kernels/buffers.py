@@ -42,6 +42,15 @@ def host_allocator(nbytes: int) -> NDArray[np.uint8]:
     return array
 
 
+def lazy_host_allocator(nbytes: int) -> NDArray[np.uint8]:
+    """Like ``host_allocator`` but not touched: the pages fault in where the buffer is first
+    written (a decode thread, in parallel with the others) instead of in the thread asking
+    for it; reuse is free of faults all the same."""
+    mem = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    advise_huge_pages(mem)
+    return np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+
+
 def advise_huge_pages(mem: Any) -> bool:
     """``madvise(MADV_HUGEPAGE)`` where the platform has it; False where it does not or refuses
     (not Linux, THP disabled, a kernel without it): the buffer then just uses small pages."""

@@ -82,6 +82,9 @@ class NumbaDevice:
 
     def __init__(self, variant: str | None = None) -> None:
         self.variant_name = variant
+        self.record_kernels = False
+        """Time every kernel with a pair of CUDA events (make bench-gpu)."""
+        self.kernel_events: list[tuple[Any, Any]] = []
         self.allocator: Allocator = pinned_allocator
 
     def stream(self) -> Stream:
@@ -132,7 +135,24 @@ class NumbaDevice:
         c = acc[r0:r1]
         variant = select_variant(self.variant_name, np.dtype(acc.dtype))
         check_panels(c.shape, variant.dtype, a, b)
+        if not self.record_kernels:
+            launch_product(variant, a, b, c, stream)
+            return
+        from numba import cuda
+
+        from kernels.cuda_host import _simulated
+
+        timed: dict[str, bool] = {} if _simulated() else {"timing": True}  # the simulator's
+        start, end = cuda.event(**timed), cuda.event(**timed)  # event takes no arguments
+        start.record(stream)
         launch_product(variant, a, b, c, stream)
+        end.record(stream)
+        self.kernel_events.append((start, end))
+
+    def kernel_seconds(self) -> float:
+        """Device time of the kernels launched while ``record_kernels`` was on (CUDA events;
+        call after the work has finished)."""
+        return sum(max(s.elapsed_time(e), 0.0) for s, e in self.kernel_events) / 1000
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ being measured. Every operation goes on ``timeline`` with its modelled start and
 sleep's overshoot never accumulates into the device's schedule).
 
 No data moves: device buffers are placeholders carrying shape and dtype, and ``copy_to_host``
-leaves the host buffer untouched (whatever the caller had there stays).
+fills the host buffer with NaN (zeros for integers), so nothing it returns can pass for a
+product (a reused host buffer would otherwise hand back plausible stale numbers).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from kernels.buffers import Allocator, host_allocator
+from kernels.buffers import Allocator, lazy_host_allocator
 from kernels.device import Stream
 from kernels.launch import band_rows, check_panels
 
@@ -125,7 +126,7 @@ class EmulatedDevice:
         self.flops = {"float32": tflops * 1e12, "float64": (fp64_tflops or tflops / 2) * 1e12}
         self.bytes_per_second = {"h2d": h2d_gbps * 1e9, "d2h": (d2h_gbps or h2d_gbps) * 1e9}
         self.memory_bytes = memory_bytes
-        self.allocator: Allocator = host_allocator  # no pinning to model: any host memory
+        self.allocator: Allocator = lazy_host_allocator  # no pinning to model: any host memory
         self.timeline: list[TimelineEntry] = []
         self.memory_in_use = self.peak_memory = 0
         self._cond = threading.Condition()
@@ -169,6 +170,7 @@ class EmulatedDevice:
 
     def copy_to_host(self, dev: DeviceBuffer, host: NDArray[Any], stream: Stream) -> None:
         _check_same(host, dev)
+        host.fill(np.nan if host.dtype.kind in "fc" else 0)
         self._submit(stream, "d2h", "copy_to_host", host.nbytes)
 
     def gemm(

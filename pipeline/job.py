@@ -173,6 +173,7 @@ class MatmulJob:
             staging_bytes=(STAGED_PANELS + 1) * (pairs + 2 * plan.busy_threads * PAGE),
             decode_threads=plan.decode_threads,
             device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
+            overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
             progress=self.options.progress,
         )
 

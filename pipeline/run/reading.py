@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.buffers import BufferPool, host_allocator, owned_array, process_pool
+from kernels.buffers import BufferPool, lazy_host_allocator, owned_array, process_pool
 from pipeline.run.panels import CACHE
 from pipeline.run.timing import PhaseTimes
 from pipeline.store import inputs
@@ -23,7 +23,7 @@ from pipeline.store import inputs
 
 def host_pool(budget_bytes: int) -> BufferPool | None:
     """This worker process's pool of panel buffers (None: pooling off)."""
-    return process_pool("host", host_allocator, budget_bytes) if budget_bytes > 0 else None
+    return process_pool("host", lazy_host_allocator, budget_bytes) if budget_bytes > 0 else None
 
 
 def read_panel(
@@ -47,10 +47,10 @@ def read_panel(
                 into = owned_array(host_pool(spec.buffer_bytes), shape, spec.compute_dtype)
             return inputs.read_block(array, rows, cols, spec.compute_dtype, which, url, into)
 
-    if out is not None and spec.cache_bytes <= 0:
+    uses = spec.panel_uses[0 if which == "A" else 1]
+    if out is not None and (spec.cache_bytes <= 0 or uses <= 1):  # nobody else will read it
         return decode(out), stored
     key = (spec.run_id, url, rows, cols, spec.compute_dtype)
-    uses = spec.panel_uses[0 if which == "A" else 1]
     panel, mine = CACHE.get(key, decode, uses)
     if out is not None:
         with clock.measure("copy"):

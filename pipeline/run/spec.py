@@ -36,6 +36,9 @@ class TaskSpec:
     """Threads of a GPU task decoding panels ahead of the device."""
     device_params: tuple[tuple[str, float], ...] = ()
     """The device's parameters (the emulated backend's modelled rates)."""
+    overlap: bool = True
+    """GPU backends: decode, copies and kernels overlap (False: one after the other, the
+    baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""
     progress: bool = False
     """Send per-panel progress events (pipeline.run.events; the CPU path)."""
 

@@ -66,7 +66,12 @@ def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
     device = make_device(dict(spec.device_params))
     pool = process_pool(f"staging-{device.name}", device.allocator, spec.staging_bytes)
     return StagedProduct(
-        device, tile.shape, spec.compute_dtype, pool, decode_threads=spec.decode_threads
+        device,
+        tile.shape,
+        spec.compute_dtype,
+        pool,
+        decode_threads=spec.decode_threads,
+        serialize=not spec.overlap,
     )
 
 

@@ -1,0 +1,89 @@
+"""The emulated device fed by the whole multiply path (benchmarks/gpu_feed.py): the overlap of
+decode, copies and kernels shows in the device's busy fraction, so the measurement can fail."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask
+import numpy as np
+import pytest
+import zarr
+
+from benchmarks import gpu_feed
+from tests.helpers import random_matrix
+
+N, CHUNK = 3072, 512
+
+
+@pytest.fixture(scope="module")
+def operands(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    root = tmp_path_factory.mktemp("feed")
+    rng = np.random.default_rng(5)
+    urls = []
+    for name in ("a.zarr", "b.zarr"):  # zarr's default codec (zstd), as users store them
+        zarr.create_array(
+            root / name, data=random_matrix(rng, (N, N), "float32"), chunks=(CHUNK, CHUNK)
+        )
+        urls.append(str(root / name))
+    return urls[0], urls[1]
+
+
+def feed(operands: tuple[str, str], overlap: bool, tflops: float) -> dict[str, object]:
+    settings = {
+        "tilegemm.emulated.tflops": tflops,
+        "tilegemm.emulated.h2d-gbps": 5.0,
+        "tilegemm.gpu-overlap": overlap,
+    }
+    with dask.config.set(settings):
+        return gpu_feed.run(*operands)
+
+
+def test_overlap_keeps_the_device_busier(operands: tuple[str, str]) -> None:
+    # Kernel time (2·N³ / F ≈ 0.3 s, 50 ms a panel) comparable to decoding a panel pair:
+    # stages in series starve the device, overlapped they hide the decode.
+    tflops = 2 * N**3 / 0.3 / 1e12
+    on, off = feed(operands, True, tflops), feed(operands, False, tflops)
+    assert on["busy"] > off["busy"] + 0.1, (on["busy"], off["busy"])  # type: ignore[operator]
+    assert on["window"] < off["window"]  # type: ignore[operator]
+
+
+def test_the_last_line_says_busy_window_and_bound(
+    operands: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpu_feed.main([*operands, "--device-tflops", "0.1", "--h2d-gbps", "10"]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    words = last.split()
+    assert last.startswith("emulated device: busy ") and " of the execution window " in last
+    busy, window = float(words[3]), float(words[8])
+    assert 0.5 < busy <= 1.0 and window > 2 * N**3 / 0.1e12  # compute-bound: mostly busy
+    assert last.endswith("s; bound by kernel")
+
+
+def test_emulated_output_is_no_product(operands: tuple[str, str], tmp_path: Path) -> None:
+    """The emulated device does no math: OUT holds NaN, never numbers to trust."""
+    with dask.config.set({"tilegemm.emulated.tflops": 100.0, "tilegemm.emulated.h2d-gbps": 50.0}):
+        gpu_feed.run(*operands, out=str(tmp_path / "c.zarr"))
+    assert np.isnan(zarr.open_array(str(tmp_path / "c.zarr"), mode="r")[:]).all()
+
+
+def test_kernel_events_are_recorded_in_the_simulator() -> None:
+    from kernels.device import NumbaDevice
+
+    device = NumbaDevice()
+    device.record_kernels = True
+    s = device.stream()
+    acc = device.zeros((4, 4), np.float32)
+    a, b = device.zeros((4, 3), np.float32), device.zeros((3, 4), np.float32)
+    device.gemm(acc, a, b, s)
+    s.synchronize()
+    assert len(device.kernel_events) == 1 and device.kernel_seconds() >= 0.0
+
+
+@pytest.mark.gpu
+def test_real_gpu_feed_prints_measured_and_model(
+    operands: tuple[str, str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert gpu_feed.main([*operands, "--real"]) == 0
+    out = capsys.readouterr().out
+    assert "measured" in out and "model" in out and out.strip().endswith("s (measured)")
