@@ -112,7 +112,7 @@ def run(a: str, b: str, out: str | None = None) -> dict[str, Any]:
     from distributed import get_task_stream
 
     from cluster import ClusterSpec, start
-    from kernels.emulated import reset_shared, shared_timelines
+    from kernels.shared_devices import reset_shared, shared_timelines
     from pipeline import prepare
 
     scratch = None if out else tempfile.mkdtemp(prefix="gpu-feed-")

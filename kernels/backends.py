@@ -92,7 +92,7 @@ def _numba_device(params: dict[str, float]) -> Any:
 
 
 def _emulated_device(params: dict[str, float]) -> Any:
-    from kernels.emulated import shared_device
+    from kernels.shared_devices import shared_device
 
     memory = int(params["memory_bytes"]) if params.get("memory_bytes") else None
     return shared_device(params["tflops"], params["h2d_gbps"], memory)

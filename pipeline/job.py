@@ -21,18 +21,14 @@ import psutil
 from distributed import Client
 
 from cluster import ClusterSpec
+from kernels.allocators import PAGE
 from kernels.backends import AUTO, BACKENDS
-from kernels.buffers import PAGE
-from pipeline.errors import UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
 from pipeline.plan.device import (
-    DEVICE_CLASSES,
     STAGED_PANELS,
-    DeviceModel,
     default_decode_threads,
 )
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
-from pipeline.plan.units import parse_size
 from pipeline.report import format_plan, report_context
 from pipeline.run.client import (
     calibrated_device,
@@ -44,6 +40,7 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
+from pipeline.run.devices import device_model, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.store.output import Output
 
@@ -247,47 +244,6 @@ def plan_for(
         decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
         output=options.output,
     )
-
-
-def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:
-    """The workers' calibrated GPU when known, the emulated device's figures, else the
-    configured device class's defaults (``tilegemm.device-class``); capped by
-    --device-memory-limit."""
-    model = (live or {}).get("device")
-    if backend == "emulated":
-        p = emulated_params()
-        memory = int(p.get("memory_bytes") or 80 * 2**30)
-        model = DeviceModel(
-            "emulated",
-            memory,
-            p["tflops"] * 1e12,
-            p["tflops"] * 5e11,
-            p["h2d_gbps"] * 1e9,
-            "emulated",
-        )
-    if model is None:
-        name = str(dask.config.get("tilegemm.device-class", "h100-pcie")).lower()
-        if name not in DEVICE_CLASSES:
-            raise UsageError(
-                f"tilegemm.device-class is {name!r}; use one of {', '.join(DEVICE_CLASSES)}"
-            )
-        model = DEVICE_CLASSES[name]
-    cap = options.device_memory_limit_bytes
-    return replace(model, memory_bytes=min(model.memory_bytes, cap)) if cap else model
-
-
-def emulated_params() -> dict[str, float]:
-    """The emulated device's figures: dask config ``tilegemm.emulated.tflops`` (float32; float64
-    runs at half), ``h2d-gbps`` and ``memory`` (a size; default 80GiB)."""
-    tflops = float(dask.config.get("tilegemm.emulated.tflops", 10.0))
-    h2d = float(dask.config.get("tilegemm.emulated.h2d-gbps", 25.0))
-    memory = dask.config.get("tilegemm.emulated.memory", "80GiB")
-    size = parse_size(memory) if isinstance(memory, str) else int(memory)
-    if tflops <= 0 or h2d <= 0:
-        raise UsageError(
-            f"tilegemm.emulated needs positive rates, got {tflops} TFLOP/s, {h2d} GB/s"
-        )
-    return {"tflops": tflops, "h2d_gbps": h2d, "memory_bytes": float(size)}
 
 
 def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:

@@ -3,14 +3,18 @@
 
 from pipeline.plan.dtypes import OUT_DTYPES, output_dtypes, result_dtype
 from pipeline.plan.layout import output_spec, parse_pair
-from pipeline.plan.matmul import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
+from pipeline.plan.matmul import (
+    DECODE_BYTES_PER_THREAD,
+    FLOPS_PER_THREAD,
+    MatmulPlan,
+    row_bands,
+)
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.search import (
     MIN_TASKS,
     gemm_block,
     plan_k_panels,
     plan_matmul,
-    row_bands,
 )
 from pipeline.plan.spec import ArraySpec, OutputSpec, StoreSpec, Tile
 from pipeline.plan.units import format_bytes, parse_size

@@ -203,6 +203,20 @@ def estimated_seconds(plan: MatmulPlan) -> float:
     return product + write_rounds * finish
 
 
+WRITE_BANDS = 8
+"""A tile's last K panel is multiplied in up to this many bands of whole gemm-block rows, each
+written while the next is computed: only the last band's write is left after the product."""
+
+
+def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
+    """Up to WRITE_BANDS bands of whole block rows (the last may be short) covering ``rows``."""
+    if rows <= 0:
+        return [(0, 0)]
+    unit = max(block_rows or rows, 1)
+    step = unit * ceil_div(ceil_div(rows, unit), WRITE_BANDS)  # whole blocks per band
+    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 

@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from kernels.backends import CPU_GEMM_BLOCK, get_backend
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
-from pipeline.plan.device import (
-    DECODE_BYTES_PER_SECOND,
-    DeviceModel,
-    GpuWork,
-    gpu_task_bytes,
-    makespan,
-    resource_seconds,
-)
+from pipeline.plan.device import DeviceModel
+from pipeline.plan.gpu import first_band_rows, fits, with_device
 from pipeline.plan.layout import output_spec
-from pipeline.plan.matmul import TASK_OVERHEAD_SECONDS, MatmulPlan, ceil_div
+from pipeline.plan.matmul import MatmulPlan, ceil_div
 from pipeline.plan.memory import (
     WORKER_OVERHEAD_BYTES,
     calculate_cache_bytes,
@@ -123,7 +116,7 @@ def plan_matmul(
             plan = with_device(plan, *gpu)
         if smallest is None or plan.worker_bytes < smallest.worker_bytes:
             smallest = plan
-        if not _fits(plan, memory_limit_bytes):
+        if not fits(plan, memory_limit_bytes):
             continue
         score = (plan.estimated_seconds, plan.read_bytes)
         if best is None or score < best[0]:
@@ -145,7 +138,7 @@ def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any
         dtypes=(a.dtype, b.dtype, compute, out.dtype),
         chunks=(a.chunks, b.chunks, out.outer_chunks),  # a shard is encoded whole
         split_k=split,
-        first_band_rows=_first_band_rows(tm, shared["block_shape"][0]),
+        first_band_rows=first_band_rows(tm, shared["block_shape"][0]),
     )
     tiles = ceil_div(out.shape[0], tm) * ceil_div(out.shape[1], tn)
     workers, threads = shared["workers"], shared["threads_per_worker"]
@@ -174,62 +167,6 @@ def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any
     )
 
 
-def _fits(plan: MatmulPlan, memory_limit_bytes: int) -> bool:
-    if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
-        return False
-    busy = min(plan.threads_per_worker, plan.n_tasks)  # tasks sharing one worker's GPU
-    return plan.device is None or busy * plan.device_bytes <= plan.device.memory_bytes
-
-
-def with_device(
-    plan: MatmulPlan, device: DeviceModel, flops_fraction: float, decode_threads: int
-) -> MatmulPlan:
-    """The plan's memory and time on a GPU: accumulator on the device, staging on the host."""
-    (m, k), n = plan.a.shape, plan.b.shape[1]
-    tm, tn = plan.tile_shape
-    width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
-    dtypes = (plan.a.dtype, plan.b.dtype, plan.compute_dtype, plan.out.dtype)
-    band = _first_band_rows(tm, plan.block_shape[0])
-    host, dev = gpu_task_bytes(
-        tile_shape=(tm, tn), panel_width=width, dtypes=dtypes, band_rows=band
-    )
-    c, o = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
-    if plan.split_k > 1:  # partials come back to the host to be summed
-        host += 3 * tm * tn * c
-    busy = min(plan.threads_per_worker, plan.n_tasks)
-    host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
-    rows, cols = plan.grid
-    share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part
-    work = GpuWork(
-        read_bytes=share * plan.read_bytes,
-        copy_bytes=share * ((m * cols + n * rows) * k * c + m * n * c),
-        flops=share * plan.flops,
-        write_bytes=share * m * n * o,
-    )
-    seconds = resource_seconds(work, device, flops_fraction, plan.compute_dtype, decode_threads)
-    # Each task fills its pipeline (first panels decoded and copied: the device waits) and
-    # drains it (the last band written after the kernel), so fewer, bigger tiles fill less.
-    decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
-    first = (tm + tn) * width * c
-    fill = first / decode_rate + first / device.h2d_bytes_per_second + TASK_OVERHEAD_SECONDS
-    fill = share * plan.n_tasks * fill + band * tn * o / decode_rate
-    return replace(
-        plan,
-        task_bytes=host,
-        worker_bytes=host_worker + plan.cache_bytes,
-        device_bytes=dev,
-        device=device,
-        resource_seconds=tuple(seconds.items()),
-        modelled_seconds=makespan(seconds, fill),
-        decode_threads=decode_threads,
-    )
-
-
-def _first_band_rows(rows: int, block_rows: int) -> int:
-    r0, r1 = row_bands(rows, block_rows)[0]
-    return r1 - r0
-
-
 def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
     for name, spec in (("A", a), ("B", b)):
         if len(spec.shape) != 2:
@@ -243,20 +180,6 @@ def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
             f"{b.shape[0]}x{b.shape[1]}; A's columns ({a.shape[1]}) must equal B's rows "
             f"({b.shape[0]})"
         )
-
-
-WRITE_BANDS = 8
-"""A tile's last K panel is multiplied in up to this many bands of whole gemm-block rows, each
-written while the next is computed: only the last band's write is left after the product."""
-
-
-def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
-    """Up to WRITE_BANDS bands of whole block rows (the last may be short) covering ``rows``."""
-    if rows <= 0:
-        return [(0, 0)]
-    unit = max(block_rows or rows, 1)
-    step = unit * ceil_div(ceil_div(rows, unit), WRITE_BANDS)  # whole blocks per band
-    return [(r, min(r + step, rows)) for r in range(0, rows, step)]
 
 
 def gemm_block(out: ArraySpec, min_block: int = CPU_GEMM_BLOCK) -> tuple[int, int]:

@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.buffers import BufferPool, lazy_host_allocator, owned_array, process_pool
+from kernels.allocators import lazy_host_allocator
+from kernels.buffers import BufferPool, owned_array, process_pool
 from pipeline.run.panels import CACHE
 from pipeline.run.timing import PhaseTimes
 from pipeline.store import inputs

@@ -12,6 +12,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.plan import result_dtype
+from pipeline.plan.dtypes import accumulator_dtype
 from pipeline.plan.spec import ArraySpec
 from pipeline.run.nonfinite import (
     NonfinitePattern,
@@ -205,7 +206,9 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     b_norm = float(np.sqrt((ref.b_norms**2).sum()))
     abr, a_sq, a_counts = stream_rows(a, rows, a_spec.chunks[1], ref.br, wide_dtype(a.dtype))
     bad_rows, a_norm = a_counts > 0, np.sqrt(a_sq)
-    compute = result_dtype(a_spec.dtype, b_spec.dtype)[1]
+    # The product accumulates in C's dtype (--dtype) or A and B's: allow the coarser of them.
+    defaults = (result_dtype(a_spec.dtype, b_spec.dtype)[1], accumulator_dtype(c_spec.dtype))
+    compute = max(defaults, key=_unit)
     largest = _largest((compute, c_spec.dtype))
     pattern = NonfinitePattern(rows[0], bad_rows, bad_columns, a_norm, ref.b_norms, largest)
     # C's elements on B's non-finite columns are non-finite (read as 0) or the row fails.

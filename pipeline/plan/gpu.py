@@ -1,0 +1,76 @@
+"""A candidate plan on a GPU (pure): the accumulator on the device, pinned staging on the
+host, and the modelled time of each resource (pipeline.plan.device)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from pipeline.plan.device import (
+    DECODE_BYTES_PER_SECOND,
+    DeviceModel,
+    GpuWork,
+    gpu_task_bytes,
+    makespan,
+    resource_seconds,
+)
+from pipeline.plan.matmul import TASK_OVERHEAD_SECONDS, MatmulPlan, ceil_div, row_bands
+from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
+
+
+def fits(plan: MatmulPlan, memory_limit_bytes: int) -> bool:
+    if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
+        return False
+    busy = min(plan.threads_per_worker, plan.n_tasks)  # tasks sharing one worker's GPU
+    return plan.device is None or busy * plan.device_bytes <= plan.device.memory_bytes
+
+
+def with_device(
+    plan: MatmulPlan, device: DeviceModel, flops_fraction: float, decode_threads: int
+) -> MatmulPlan:
+    """The plan's memory and time on a GPU: accumulator on the device, staging on the host."""
+    (m, k), n = plan.a.shape, plan.b.shape[1]
+    tm, tn = plan.tile_shape
+    width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
+    dtypes = (plan.a.dtype, plan.b.dtype, plan.compute_dtype, plan.out.dtype)
+    band = first_band_rows(tm, plan.block_shape[0])
+    host, dev = gpu_task_bytes(
+        tile_shape=(tm, tn), panel_width=width, dtypes=dtypes, band_rows=band
+    )
+    c, o = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
+    if plan.split_k > 1:  # partials come back to the host to be summed
+        host += 3 * tm * tn * c
+    busy = min(plan.threads_per_worker, plan.n_tasks)
+    host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
+    rows, cols = plan.grid
+    share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part
+    work = GpuWork(
+        read_bytes=share * plan.read_bytes,
+        copy_bytes=share * ((m * cols + n * rows) * k * c + m * n * c),
+        flops=share * plan.flops,
+        write_bytes=share * m * n * o,
+    )
+    seconds = resource_seconds(work, device, flops_fraction, plan.compute_dtype, decode_threads)
+    # Each task fills its pipeline (first panels decoded and copied: the device waits) and
+    # drains it (the last band written after the kernel), so fewer, bigger tiles fill less.
+    decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
+    first = (tm + tn) * width * c
+    fill = first / decode_rate + first / device.h2d_bytes_per_second + TASK_OVERHEAD_SECONDS
+    fill = share * plan.n_tasks * fill + band * tn * o / decode_rate
+    return replace(
+        plan,
+        task_bytes=host,
+        worker_bytes=host_worker + plan.cache_bytes,
+        device_bytes=dev,
+        device=device,
+        resource_seconds=tuple(seconds.items()),
+        modelled_seconds=makespan(seconds, fill),
+        decode_threads=decode_threads,
+    )
+
+
+def first_band_rows(rows: int, block_rows: int) -> int:
+    """Rows of a tile's first (largest) write band."""
+    r0, r1 = row_bands(rows, block_rows)[0]
+    return r1 - r0

@@ -1,0 +1,57 @@
+"""Client side: the GPU a plan is made for — calibrated on the workers, the emulated
+device's configured figures, or a named device class's defaults."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+import dask
+
+from pipeline.errors import UsageError
+from pipeline.plan.device import DEVICE_CLASSES, DeviceModel
+from pipeline.plan.units import parse_size
+
+if TYPE_CHECKING:
+    from pipeline.job import JobOptions
+
+
+def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:
+    """The workers' calibrated GPU when known, the emulated device's figures, else the
+    configured device class's defaults (``tilegemm.device-class``); capped by
+    --device-memory-limit."""
+    model = (live or {}).get("device")
+    if backend == "emulated":
+        p = emulated_params()
+        memory = int(p.get("memory_bytes") or 80 * 2**30)
+        model = DeviceModel(
+            "emulated",
+            memory,
+            p["tflops"] * 1e12,
+            p["tflops"] * 5e11,
+            p["h2d_gbps"] * 1e9,
+            "emulated",
+        )
+    if model is None:
+        name = str(dask.config.get("tilegemm.device-class", "h100-pcie")).lower()
+        if name not in DEVICE_CLASSES:
+            raise UsageError(
+                f"tilegemm.device-class is {name!r}; use one of {', '.join(DEVICE_CLASSES)}"
+            )
+        model = DEVICE_CLASSES[name]
+    cap = options.device_memory_limit_bytes
+    return replace(model, memory_bytes=min(model.memory_bytes, cap)) if cap else model
+
+
+def emulated_params() -> dict[str, float]:
+    """The emulated device's figures: dask config ``tilegemm.emulated.tflops`` (float32; float64
+    runs at half), ``h2d-gbps`` and ``memory`` (a size; default 80GiB)."""
+    tflops = float(dask.config.get("tilegemm.emulated.tflops", 10.0))
+    h2d = float(dask.config.get("tilegemm.emulated.h2d-gbps", 25.0))
+    memory = dask.config.get("tilegemm.emulated.memory", "80GiB")
+    size = parse_size(memory) if isinstance(memory, str) else int(memory)
+    if tflops <= 0 or h2d <= 0:
+        raise UsageError(
+            f"tilegemm.emulated needs positive rates, got {tflops} TFLOP/s, {h2d} GB/s"
+        )
+    return {"tflops": tflops, "h2d_gbps": h2d, "memory_bytes": float(size)}
