@@ -29,7 +29,7 @@ from pipeline.plan.device import (
     default_decode_threads,
 )
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
-from pipeline.report import format_plan, report_context
+from pipeline.report import add_to_report, format_plan, report_context
 from pipeline.run.client import (
     calibrated_device,
     collect,
@@ -147,10 +147,13 @@ class MatmulJob:
                 verified = self._verify(c, spec.fingerprint) if self.options.verify else None
                 self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
-        return MultiplyResult(
+        result = MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
             run.bytes_read, backend, plan, verified, run.phases, usage,
         )  # fmt: skip
+        if self.options.report:  # where the seconds went, beside distributed's own report
+            add_to_report(self.options.report, result, self.options.storage_options)
+        return result
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
         rows, cols = plan.grid

@@ -185,6 +185,28 @@ def report_context(
     return performance_report(filename=path, mode="inline", storage_options=storage_options)
 
 
+def add_to_report(
+    path: str, result: MultiplyResult, storage_options: dict[str, Any] | None = None
+) -> None:
+    """Put the job's accounting (thread-seconds per phase, the workers' CPU and page faults)
+    and summary at the top of the saved performance report."""
+    import html
+
+    import fsspec
+
+    section = (
+        '<section id="tilegemm-accounting" style="font-family:monospace;padding:8px">'
+        f"<h3>zarr-tilegemm</h3><pre>{html.escape(format_summary(result))}\n"
+        f"{html.escape(format_accounting(result))}</pre></section>"
+    )
+    with fsspec.open(path, "r", **(storage_options or {})) as f:
+        page = f.read()
+    at = page.find("<body>")
+    page = page[: at + 6] + section + page[at + 6 :] if at >= 0 else section + page
+    with fsspec.open(path, "w", **(storage_options or {})) as f:
+        f.write(page)
+
+
 def _unexpected(result: VerifyResult) -> str:
     n, overflow = result.c_unexpected, result.c_overflow
     head = f"C has {n} non-finite value(s) where A and B imply finite ones"

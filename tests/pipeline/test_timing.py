@@ -54,3 +54,19 @@ def test_cli_prints_the_accounting(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("time:")]
     assert "product" in line and "system" in line and "page faults" in line
+
+
+def test_report_carries_the_accounting(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (64, 48), "float32"), (32, 48))
+    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (48, 40), "float32"), (48, 40))
+    report = tmp_path / "report.html"
+    done = run_cli(
+        "multiply", a, b, str(tmp_path / "c.zarr"), "--report", str(report),
+        "--dashboard-address", ":0",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    page = report.read_text()
+    at = page.index('<section id="tilegemm-accounting"')
+    assert at < page.index("</body>") and "thread-seconds product" in page[at:]
+    assert "page faults" in page[at:]
