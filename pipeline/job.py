@@ -42,6 +42,7 @@ from pipeline.run.client import (
 )
 from pipeline.run.devices import device_model, emulated_params
 from pipeline.run.spec import TaskSpec
+from pipeline.store.fs import local_path
 from pipeline.store.output import Output
 
 
@@ -174,8 +175,18 @@ class MatmulJob:
             decode_threads=plan.decode_threads,
             device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
             overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
+            read_concurrency=self._read_concurrency(),
             progress=self.options.progress,
         )
+
+    def _read_concurrency(self) -> int:
+        """2 chunks at once per read from local files (CPU-bound decoding), zarr's default
+        elsewhere; config ``tilegemm.read-concurrency`` overrides (0: zarr's default)."""
+        setting = dask.config.get("tilegemm.read-concurrency", "auto")
+        if setting != "auto":
+            return int(setting)
+        local = all(local_path(u) is not None for u in (self.store.a_url, self.store.b_url))
+        return 2 if local else 0
 
     def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
         """Create OUT (or keep it for --resume) and return the tiles already done."""

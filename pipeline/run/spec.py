@@ -36,6 +36,9 @@ class TaskSpec:
     """Threads of a GPU task decoding panels ahead of the device."""
     device_params: tuple[tuple[str, float], ...] = ()
     """The device's parameters (the emulated backend's modelled rates)."""
+    read_concurrency: int = 0
+    """Chunks one panel read decodes at once (zarr's async.concurrency) in the worker; 0 keeps
+    zarr's default (remote stores, where it hides latency)."""
     overlap: bool = True
     """GPU backends: decode, copies and kernels overlap (False: one after the other, the
     baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""

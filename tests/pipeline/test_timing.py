@@ -70,3 +70,17 @@ def test_report_carries_the_accounting(tmp_path: Path) -> None:
     at = page.index('<section id="tilegemm-accounting"')
     assert at < page.index("</body>") and "thread-seconds product" in page[at:]
     assert "page faults" in page[at:]
+
+
+def _zarr_concurrency() -> int:
+    import zarr
+
+    return int(zarr.config.get("async.concurrency"))
+
+
+def test_local_reads_decode_few_chunks_at_once(tmp_path: Path, client: Client) -> None:
+    rng = np.random.default_rng(6)
+    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (300, 200), "float32"), (100, 100))
+    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (200, 300), "float32"), (100, 100))
+    multiply(a, b, str(tmp_path / "c.zarr"), client=client)
+    assert set(client.run(_zarr_concurrency).values()) == {2}  # local files: CPU-bound decode
