@@ -49,12 +49,12 @@ bench: venv
 # How well the host feeds a GPU, on an EMULATED device (no GPU needed): compute-bound and
 # balanced, 8192² float32 in 2048² zstd chunks.
 FEED_DATA ?= bench-data
-bench-feed: venv
+bench-feed: venv  # each case: a cold job, then two warm ones (staging memory kept)
 	$(PY) -m pipeline random $(FEED_DATA)/feed-a.zarr --shape 8192x8192 --chunks 2048x2048 --seed 1 --overwrite
 	$(PY) -m pipeline random $(FEED_DATA)/feed-b.zarr --shape 8192x8192 --chunks 2048x2048 --seed 2 --overwrite
-	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 0.25 --h2d-gbps 25
-	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25
-	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --no-overlap
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 0.25 --h2d-gbps 25 --runs 3
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --runs 3
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --no-overlap --runs 3
 
 # On a machine with a CUDA GPU: the same path, real kernels, busy time from CUDA events.
 bench-gpu: venv

@@ -37,6 +37,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--device-memory", default="80GiB", help="device memory (default 80GiB)")
     parser.add_argument("--no-overlap", action="store_true", help="baseline: stages in series")
+    parser.add_argument(
+        "--runs",
+        type=int,
+        default=1,
+        help="jobs in one process; the first is cold (fresh staging memory, a new worker's "
+        "first job), later ones warm, as on a long-lived worker; the last is reported",
+    )
     parser.add_argument("--out", help="where to write OUT (default: a temporary folder)")
     args = parser.parse_args(argv)
     if args.real:
@@ -50,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
         "tilegemm.gpu-overlap": not args.no_overlap,
     }
     with dask.config.set(settings):
-        report = run(args.a, args.b, args.out)
+        for number in range(1, max(args.runs, 1) + 1):
+            report = run(args.a, args.b, args.out)
+            state = "cold" if number == 1 else "warm"
+            print(
+                f"run {number} of {args.runs} ({state}): busy {report['busy']:.2f}, "
+                f"window {report['window']:.2f} s (EMULATED)"
+            )
     print(report["table"])
     read = zarr_read_seconds(args.a, args.b)
     flops = report["plan"].flops / (args.device_tflops * 1e12)
