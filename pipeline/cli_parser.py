@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=CHOICES,
         default="auto",
-        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy",
+        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy; "
+        "emulated: a modelled GPU that does no math (OUT is NaN), for measuring the feed",
     )
     _cluster_args(mul)
     mul.add_argument(
