@@ -41,16 +41,23 @@ class PanelReporter:
         self.state.update(panels=0, flops=0, bytes=0)
         self.sent = time.monotonic()
         self.worker = _current_worker() if run_id else None
+        self._lock = threading.Lock()  # the GPU path reports from its decode threads
 
     def panel_done(self, flops: int, bytes_read: int) -> None:
-        self.state["panels"] += 1
-        self.state["flops"] += flops
-        self.state["bytes"] += bytes_read
-        now = time.monotonic()
-        last = self.state["panels"] == self.panels
-        if self.worker is not None and (last or now - self.sent >= REPORT_SECONDS):
+        self.add(1, flops, bytes_read)
+
+    def add(self, panels: int, flops: int, bytes_read: int) -> None:
+        with self._lock:
+            self.state["panels"] += panels
+            self.state["flops"] += flops
+            self.state["bytes"] += bytes_read
+            now = time.monotonic()
+            last = self.state["panels"] == self.panels
+            if self.worker is None or not (last or now - self.sent >= REPORT_SECONDS):
+                return
             self.sent = now
-            self.worker.log_event(TOPIC, dict(self.state))
+            message = dict(self.state)
+        self.worker.log_event(TOPIC, message)  # thread-safe: distributed hops to its loop
 
 
 def _current_worker() -> Any:

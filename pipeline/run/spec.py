@@ -43,7 +43,8 @@ class TaskSpec:
     """GPU backends: decode, copies and kernels overlap (False: one after the other, the
     baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""
     progress: bool = False
-    """Send per-panel progress events (pipeline.run.events; the CPU path)."""
+    """Send per-panel progress events (pipeline.run.events; on the GPU path a panel counts
+    once staged for the device)."""
 
     @property
     def output(self) -> Output:

@@ -18,6 +18,7 @@ from kernels.backends import get_backend
 from kernels.buffers import process_pool
 from kernels.staged import Panel, StagedProduct, StagedStats
 from pipeline.plan import Tile, row_bands
+from pipeline.run import events
 from pipeline.run.panels import CACHE
 from pipeline.run.reading import read_panel
 from pipeline.run.spec import TaskSpec
@@ -82,9 +83,18 @@ def _panels(
     b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     CACHE.use(spec.run_id, spec.cache_bytes)
 
+    k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
+    report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
+    m, n = tile.shape
+
     def fill(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
         def into(out: NDArray[Any]) -> int:
-            return read_panel(spec, array, which, rows, cols, clock, out)[1]
+            decoded = read_panel(spec, array, which, rows, cols, clock, out)[1]
+            if which == "A":  # a panel counts when its B half is staged
+                report.add(0, 0, decoded)
+            else:
+                report.add(1, 2 * m * n * (rows[1] - rows[0]), decoded)
+            return decoded
 
         return into
 

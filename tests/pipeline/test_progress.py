@@ -131,3 +131,32 @@ def test_resume_counts_only_computed_work(
     assert resumed.tiles_skipped == 1
     assert line.startswith("tiles 1/1 | panels 1/1 | "), line
     assert f"read {format_bytes(resumed.bytes_read)}" in line  # the redone tile's reads only
+
+
+def test_staged_gpu_tasks_report_panels_too(
+    tmp_path: Path, in_process: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The emulated device's tasks (the staged engine) count a panel once it is staged."""
+    from dataclasses import replace
+
+    from pipeline.run import events, worker
+
+    monkeypatch.setattr(events, "REPORT_SECONDS", 0.0)
+    rng = np.random.default_rng(2)
+    a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (40, 3000), "float32"), (40, 512))
+    b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (3000, 30), "float32"), (512, 30))
+    plan, spec = cpu_tile_task(a_url, b_url, tmp_path / "c.zarr")
+    params = (("tflops", 1.0), ("h2d_gbps", 10.0), ("memory_bytes", 2.0**30))
+    spec = replace(
+        spec, backend="emulated", device_params=params, staging_bytes=2**26,
+        progress=True, run_id="staged-run",
+    )  # fmt: skip
+    tile, panels = next(plan.tiles()), plan.k_panels
+    seen: list[dict[str, Any]] = []
+    with events.subscribe(in_process, "staged-run", seen.append):
+        in_process.submit(worker.tile_product_write, spec, tile, panels).result()
+        deadline = time.monotonic() + 10
+        while (not seen or seen[-1]["panels"] < len(panels)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert seen and seen[-1]["panels"] == len(panels)
+    assert seen[-1]["flops"] == 2 * 40 * 30 * 3000
