@@ -19,9 +19,23 @@ from numpy.typing import NDArray
 
 from kernels.allocators import lazy_host_allocator
 from kernels.buffers import BufferPool, owned_array, process_pool
+from pipeline.run import events
 from pipeline.run.panels import CACHE
 from pipeline.run.timing import PhaseTimes
 from pipeline.store import inputs
+
+
+def open_task(
+    spec: Any, tile: Any, panels: tuple[tuple[int, int], ...]
+) -> tuple[Any, Any, events.PanelReporter]:
+    """A tile task's A and B (handles cached per worker and job), the worker's panel cache
+    switched to the job, and the task's progress reporter."""
+    a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
+    b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
+    CACHE.use(spec.run_id, spec.cache_bytes)
+    k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
+    report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
+    return a, b, report
 
 
 def host_pool(budget_bytes: int) -> BufferPool | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernels.backends import get_backend
 from pipeline.plan import StoreSpec
 from pipeline.store.output import Output
 
@@ -45,6 +46,11 @@ class TaskSpec:
     progress: bool = False
     """Send per-panel progress events (pipeline.run.events; on the GPU path a panel counts
     once staged for the device)."""
+
+    @property
+    def staged(self) -> bool:
+        """Driven by the staged engine (a backend with a device), not panel by panel."""
+        return get_backend(self.backend).make_device is not None
 
     @property
     def output(self) -> Output:

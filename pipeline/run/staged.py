@@ -18,12 +18,9 @@ from kernels.backends import get_backend
 from kernels.buffers import process_pool
 from kernels.staged import Panel, StagedProduct, StagedStats
 from pipeline.plan import Tile, row_bands
-from pipeline.run import events
-from pipeline.run.panels import CACHE
-from pipeline.run.reading import read_panel
+from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec
 from pipeline.run.timing import PhaseTimes
-from pipeline.store import inputs
 
 Finished = Callable[[tuple[int, int], NDArray[Any]], None]
 
@@ -63,7 +60,7 @@ def product_bands(
 
 def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
     make_device = get_backend(spec.backend).make_device
-    assert make_device is not None, f"{spec.backend} is not driven by the staged engine"
+    assert spec.staged and make_device is not None, f"{spec.backend} has no staged engine"
     device = make_device(dict(spec.device_params))
     pool = process_pool(f"staging-{device.name}", device.allocator, spec.staging_bytes)
     return StagedProduct(
@@ -79,12 +76,7 @@ def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
 def _panels(
     spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...], clock: PhaseTimes
 ) -> list[Panel]:
-    a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
-    b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
-    CACHE.use(spec.run_id, spec.cache_bytes)
-
-    k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
-    report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
+    a, b, report = open_task(spec, tile, panels)
     m, n = tile.shape
 
     def fill(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:

@@ -12,23 +12,22 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.backends import get_backend, make_accumulator
+from kernels.backends import make_accumulator
 from pipeline.plan import Tile, row_bands
 from pipeline.run import events, staged
-from pipeline.run.panels import CACHE
-from pipeline.run.reading import read_panel
+from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import PhaseTimes, add_phases
-from pipeline.store import inputs
 
 
 def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
     """``A[rows, K] @ B[K, cols]`` over the given K panels, in one accumulator.
 
-    Returns (partial, bytes_read). The next panel is read while the current one multiplies.
+    Returns (partial, bytes_read, phases). The next panel is read while the current one
+    multiplies.
     """
     clock = PhaseTimes()
-    if get_backend(spec.backend).make_device is not None:
+    if spec.staged:
         partial, bytes_read = staged.product(spec, tile, panels, clock)
         return partial, bytes_read, clock.as_dict()
     acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
@@ -55,7 +54,7 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
             spec.output.writable(spec.fingerprint)[
                 tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]
             ] = data
-    phases = {k: v + clock.seconds[k] for k, v in phases.items()}
+    phases = add_phases(phases, clock.as_dict())
     return _journal(spec, tile, bytes_read, start, zlib.crc32(data.data), phases)
 
 
@@ -87,7 +86,7 @@ def tile_product_write(
                     written[-2].result()
             written.append(writer.submit(write, band, partial))
 
-        if get_backend(spec.backend).make_device is not None:
+        if spec.staged:
             bytes_read = staged.product_bands(spec, tile, panels, clock, finished)
         else:
             acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
@@ -109,12 +108,8 @@ def _multiply(
     """Add every panel's product into ``acc``; returns the bytes decoded. With ``finished``,
     the last panel is added band by band and ``finished(band, result)`` is called as each is
     final."""
-    a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
-    b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
-    CACHE.use(spec.run_id, spec.cache_bytes)
+    a, b, report = open_task(spec, tile, panels)
     bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
-    k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
-    report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
     bytes_read = 0
     for i, (a_panel, b_panel, decoded) in enumerate(_prefetched(spec, a, b, tile, panels, clock)):
         bytes_read += decoded
@@ -165,8 +160,8 @@ def _prefetched(
     """Yield (A panel, B panel, bytes decoded here) in K order, reading panel i+1 in a thread
     while panel i is used; panels another task of this worker decoded are reused."""
 
-    def one(array: Any, url: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
-        return read_panel(spec, array, "A" if url == spec.store.a_url else "B", rows, cols, clock)
+    def one(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
+        return read_panel(spec, array, which, rows, cols, clock)
 
     if not panels:
         return
@@ -175,8 +170,8 @@ def _prefetched(
 
         def start(k: tuple[int, int]) -> tuple[Any, Any]:
             return (
-                pool.submit(one, a, spec.store.a_url, tile.rows, k),
-                pool.submit(one, b, spec.store.b_url, k, tile.cols),
+                pool.submit(one, a, "A", tile.rows, k),
+                pool.submit(one, b, "B", k, tile.cols),
             )
 
         def finish(pending: tuple[Any, Any]) -> tuple[NDArray[Any], NDArray[Any], int]:
