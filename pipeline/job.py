@@ -31,7 +31,6 @@ from pipeline.plan.device import (
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.report import add_to_report, format_plan, report_context
 from pipeline.run.client import (
-    calibrated_device,
     collect,
     describe_workers,
     release_panels,
@@ -40,7 +39,7 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
-from pipeline.run.devices import device_model, emulated_params
+from pipeline.run.devices import calibrated_device, device_model, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.store.fs import local_path
 from pipeline.store.output import Output
@@ -123,7 +122,8 @@ class MatmulJob:
         live = describe_workers(client)
         if chosen == "cuda":  # a real GPU's figures, measured there (None in the simulator)
             live["device"] = calibrated_device(client)
-        return replace(self, plan=plan_job(self, live, chosen))
+        plan = plan_for(self.a, self.b, self.options, self.state, live, chosen)
+        return replace(self, plan=plan)
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed)."""
@@ -215,11 +215,6 @@ class MatmulJob:
 def planning_backend(requested: str) -> str:
     """The backend to plan for before the workers are asked: the one named, else the CPU."""
     return "cpu" if requested == AUTO else requested
-
-
-def plan_job(job: MatmulJob, live: dict[str, Any] | None, backend: str = "cpu") -> MatmulPlan:
-    """Plan for the live workers when known, else for the cluster the options will start."""
-    return plan_for(job.a, job.b, job.options, job.state, live, backend)
 
 
 def plan_for(

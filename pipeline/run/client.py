@@ -14,10 +14,8 @@ from dask.base import tokenize
 from distributed import Client, Future, wait
 
 from kernels.backends import AUTO, BACKENDS, BackendSpec, get_backend, probe_devices
-from kernels.device import worker_device_figures
 from pipeline.errors import BackendUnavailableError, ClusterError, JobError, PipelineError
 from pipeline.plan import MatmulPlan
-from pipeline.plan.device import DeviceModel
 from pipeline.progress import ProgressLine
 from pipeline.run import events, worker
 from pipeline.run.spec import TaskSpec, TileStats
@@ -214,19 +212,3 @@ def usage_since(client: Client, before: dict[int, tuple[float, float, int]]) -> 
     ]
     user, system, faults = (sum(d[i] for d in deltas) for i in range(3))
     return {"user_seconds": user, "system_seconds": system, "page_faults": faults}
-
-
-def calibrated_device(client: Client) -> DeviceModel | None:
-    """The workers' GPU as measured there (the slowest and smallest of them), or None where
-    there is no real GPU (the simulator's rates mean nothing)."""
-    figures = [f for f in client.run(worker_device_figures).values() if f]
-    if not figures:
-        return None
-    return DeviceModel(
-        name=str(figures[0]["name"]),
-        memory_bytes=int(min(f["memory_bytes"] for f in figures)),
-        float32_flops=min(f["float32_flops"] for f in figures),
-        float64_flops=min(f["float64_flops"] for f in figures),
-        h2d_bytes_per_second=min(f["h2d_bytes_per_second"] for f in figures),
-        source="calibrated",
-    )

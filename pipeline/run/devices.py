@@ -7,7 +7,9 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import dask
+from distributed import Client
 
+from kernels.device import worker_device_figures
 from pipeline.errors import UsageError
 from pipeline.plan.device import DEVICE_CLASSES, DeviceModel
 from pipeline.plan.units import parse_size
@@ -55,3 +57,19 @@ def emulated_params() -> dict[str, float]:
             f"tilegemm.emulated needs positive rates, got {tflops} TFLOP/s, {h2d} GB/s"
         )
     return {"tflops": tflops, "h2d_gbps": h2d, "memory_bytes": float(size)}
+
+
+def calibrated_device(client: Client) -> DeviceModel | None:
+    """The workers' GPU as measured there (the slowest and smallest of them), or None where
+    there is no real GPU (the simulator's rates mean nothing)."""
+    figures = [f for f in client.run(worker_device_figures).values() if f]
+    if not figures:
+        return None
+    return DeviceModel(
+        name=str(figures[0]["name"]),
+        memory_bytes=int(min(f["memory_bytes"] for f in figures)),
+        float32_flops=min(f["float32_flops"] for f in figures),
+        float64_flops=min(f["float64_flops"] for f in figures),
+        h2d_bytes_per_second=min(f["h2d_bytes_per_second"] for f in figures),
+        source="calibrated",
+    )
