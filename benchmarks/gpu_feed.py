@@ -82,21 +82,11 @@ def main(argv: list[str] | None = None) -> int:
 def real(a: str, b: str, out: str | None) -> int:
     """On a GPU machine: the same path on the cuda backend, the device's busy time from CUDA
     events around every kernel, beside the model's prediction (make bench-gpu)."""
-    from distributed import get_task_stream
-
-    from cluster import ClusterSpec, start
     from kernels.device import numba_device
-    from pipeline import prepare
 
-    target = out or tempfile.mkdtemp(prefix="gpu-feed-") + "/c.zarr"
-    job = prepare(a, b, target, backend="cuda", overwrite=True)
     device = numba_device()
     device.record_kernels, device.kernel_events = True, []
-    cluster = start(ClusterSpec(workers=1, dashboard_address=":0"))
-    with cluster as client, get_task_stream(client) as stream:
-        result = job.execute(client)
-    offset = time.time() - time.perf_counter()
-    window = _window(stream.data, offset)
+    result, window = timed_job(a, b, out, "cuda")
     length = window[1] - window[0]
     busy = device.kernel_seconds() / length
     plan = result.plan
@@ -122,27 +112,34 @@ def zarr_read_seconds(a: str, b: str) -> float:
 
 def run(a: str, b: str, out: str | None = None) -> dict[str, Any]:
     """One emulated multiply on an in-process cluster; the device's timeline is read here."""
+    from kernels.shared_devices import reset_shared, shared_timelines
+
+    reset_shared()
+    result, window = timed_job(a, b, out, "emulated")
+    (timeline,) = shared_timelines()
+    return summarize(result, timeline, window)
+
+
+def timed_job(a: str, b: str, out: str | None, backend: str) -> tuple[Any, tuple[float, float]]:
+    """(result, execution window in perf_counter seconds) of one multiply on an in-process
+    cluster, OUT in a temporary folder unless given."""
     from distributed import get_task_stream
 
     from cluster import ClusterSpec, start
-    from kernels.shared_devices import reset_shared, shared_timelines
     from pipeline import prepare
 
     scratch = None if out else tempfile.mkdtemp(prefix="gpu-feed-")
     target = out or str(Path(str(scratch)) / "c.zarr")
     try:
-        job = prepare(a, b, target, backend="emulated", overwrite=True)
-        reset_shared()
+        job = prepare(a, b, target, backend=backend, overwrite=True)
         with start(ClusterSpec(workers=1, dashboard_address=":0")) as client:
             offset = time.time() - time.perf_counter()  # one process: the two clocks agree
             with get_task_stream(client) as stream:
                 result = job.execute(client)
-            (timeline,) = shared_timelines()
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    window = _window(stream.data, offset)
-    return summarize(result, timeline, window)
+    return result, _window(stream.data, offset)
 
 
 def _window(tasks: list[dict[str, Any]], offset: float) -> tuple[float, float]:
