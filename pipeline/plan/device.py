@@ -113,10 +113,6 @@ def makespan(seconds: dict[str, float], fill_seconds: float) -> float:
     return max(seconds.values(), default=0.0) + fill_seconds
 
 
-def bound_by(seconds: dict[str, float]) -> str:
-    return max(seconds, key=lambda k: seconds[k]) if seconds else "nothing"
-
-
 def default_decode_threads(cores: int, workers: int) -> int:
     """Host cores per GPU worker decode panels (one worker per GPU on a box)."""
     return max(math.floor(cores / max(workers, 1)), 1)

@@ -22,8 +22,8 @@ from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 def fits(plan: MatmulPlan, memory_limit_bytes: int) -> bool:
     if plan.worker_bytes + WORKER_OVERHEAD_BYTES > memory_limit_bytes:
         return False
-    busy = min(plan.threads_per_worker, plan.n_tasks)  # tasks sharing one worker's GPU
-    return plan.device is None or busy * plan.device_bytes <= plan.device.memory_bytes
+    # the tasks a worker runs at once share its GPU
+    return plan.device is None or plan.busy_threads * plan.device_bytes <= plan.device.memory_bytes
 
 
 def with_device(
@@ -32,7 +32,7 @@ def with_device(
     """The plan's memory and time on a GPU: accumulator on the device, staging on the host."""
     (m, k), n = plan.a.shape, plan.b.shape[1]
     tm, tn = plan.tile_shape
-    width = max((k1 - k0 for k0, k1 in plan.k_panels), default=0)
+    width = plan.panel_width
     dtypes = (plan.a.dtype, plan.b.dtype, plan.compute_dtype, plan.out.dtype)
     band = first_band_rows(tm, plan.block_shape[0])
     host, dev = gpu_task_bytes(
@@ -41,7 +41,7 @@ def with_device(
     c, o = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
     if plan.split_k > 1:  # partials come back to the host to be summed
         host += 3 * tm * tn * c
-    busy = min(plan.threads_per_worker, plan.n_tasks)
+    busy = plan.busy_threads
     host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
     rows, cols = plan.grid
     share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part

@@ -65,11 +65,15 @@ class MatmulPlan:
     """A GPU plan's host threads per worker decoding panels ahead of the device."""
 
     @property
+    def panel_width(self) -> int:
+        """The widest K panel, in elements."""
+        return max((k1 - k0 for k0, k1 in self.k_panels), default=0)
+
+    @property
     def panel_pair_bytes(self) -> int:
         """One A and one B panel of a full tile in the compute dtype, in bytes."""
         tm, tn = self.tile_shape
-        width = max((k1 - k0 for k0, k1 in self.k_panels), default=0)
-        return (tm + tn) * width * np.dtype(self.compute_dtype).itemsize
+        return (tm + tn) * self.panel_width * np.dtype(self.compute_dtype).itemsize
 
     @property
     def busy_threads(self) -> int:
@@ -108,7 +112,7 @@ class MatmulPlan:
         (m, k), n = self.a.shape, self.b.shape[1]
         rows, cols = self.grid
         (tm, tn), c = self.tile_shape, np.dtype(self.compute_dtype).itemsize
-        width = max((k1 - k0 for k0, k1 in self.k_panels), default=0)
+        width = self.panel_width
         threads, workers = self.threads_per_worker, self.workers
         b_block = k * tn * c
         # The LRU also holds the panels the running tasks use and prefetch, and the B blocks

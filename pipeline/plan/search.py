@@ -231,7 +231,7 @@ def _split_k(out: ArraySpec, block: tuple[int, int], panels: int) -> int:
 def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
     need = plan.worker_bytes + WORKER_OVERHEAD_BYTES
     shards = " (or give OUT smaller --shards: a tile holds whole shards)" if plan.out.shards else ""
-    busy = min(plan.threads_per_worker, plan.n_tasks)
+    busy = plan.busy_threads
     if plan.device and need <= memory_limit_bytes:  # the GPU is what is short
         return (
             f"no plan fits the device memory: the smallest needs "
