@@ -176,7 +176,9 @@ def _job_error(future: Future[Any], total: int) -> PipelineError:
 
 def describe_workers(client: Client) -> dict[str, Any]:
     """Worker count, threads and memory limit (the smallest, which the plan must fit)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    # Asked of the scheduler directly: client.scheduler_info() returns a cached identity that
+    # the client's periodic refresh (which asks for 0 workers) can overwrite in between.
+    workers = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
     if not workers:
         raise ClusterError("the cluster has no workers; start some with `dask worker ADDRESS`")
     return {
