@@ -178,7 +178,10 @@ def describe_workers(client: Client) -> dict[str, Any]:
     """Worker count, threads and memory limit (the smallest, which the plan must fit)."""
     # Asked of the scheduler directly: client.scheduler_info() returns a cached identity that
     # the client's periodic refresh (which asks for 0 workers) can overwrite in between.
-    workers = client.sync(client.scheduler.identity, n_workers=-1)["workers"]
+    scheduler = client.scheduler
+    if scheduler is None:
+        raise ClusterError("the client is not connected to a scheduler")
+    workers = client.sync(scheduler.identity, n_workers=-1)["workers"]
     if not workers:
         raise ClusterError("the cluster has no workers; start some with `dask worker ADDRESS`")
     return {
