@@ -77,7 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
     mul.add_argument("--verify", action="store_true", help="check the product (Freivalds)")
     mul.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     mul.add_argument("--report", metavar="FILE.html", help="save distributed's performance report")
-    mul.add_argument("--no-progress", action="store_true", help="no progress bar")
+    mul.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress line (tiles, K panels, GFLOP/s, bytes read, ETA)",
+    )
 
     ver = sub.add_parser(
         "verify", help="exit 0 if C == A @ B within floating-point tolerance", parents=[common]
@@ -87,7 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
     ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
     _cluster_args(ver)
-    ver.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ver.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress line (blocks checked, bytes read, ETA)",
+    )
 
     rnd = sub.add_parser(
         "random", help="write a random matrix as a Zarr v3 array", parents=[common]

@@ -89,8 +89,7 @@ class ProgressLine:
             eta = None
         return (
             f"tiles {self.done_tiles}/{self.tiles} | panels {panels}/{self.panels} | "
-            f"{rate / 1e9:.1f} GFLOP/s | read {format_bytes(bytes_read)} | "
-            f"{_clock(elapsed)} elapsed | ETA {_clock(eta) if eta is not None else '--:--'}"
+            f"{rate / 1e9:.1f} GFLOP/s | {_tail(bytes_read, elapsed, eta)}"
         )
 
     def draw(self) -> None:
@@ -102,6 +101,63 @@ class ProgressLine:
         if self.enabled:
             self.stream.write("\n")
             self.stream.flush()
+
+
+class CheckLine:
+    """verify's line, in the same style: blocks checked (B's passes, then A's and C's row
+    blocks), bytes read, and an ETA from the bytes still to read. Futures report themselves
+    (``watch``) from the client's event-loop thread."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
+        self.enabled, self.stream = enabled, stream or sys.stderr
+        self.started = time.perf_counter()
+        self.blocks = self.done = self.bytes = self.bytes_read = 0
+        self._lock = threading.Lock()
+
+    def expect(self, blocks: int, nbytes: int) -> None:
+        """Work to come (submitted later), so that the ETA counts it from the start."""
+        with self._lock:
+            self.blocks += blocks
+            self.bytes += nbytes
+        self.draw()
+
+    def watch(self, future: Any, nbytes: int, expected: bool = False) -> None:
+        """Count ``future`` (reading ``nbytes``) as done when it ends, and in the totals
+        unless ``expect`` counted it already."""
+        if not expected:
+            self.expect(1, nbytes)
+        future.add_done_callback(lambda _: self._finished(nbytes))
+
+    def _finished(self, nbytes: int) -> None:
+        with self._lock:
+            self.done += 1
+            self.bytes_read += nbytes
+        self.draw()
+
+    def text(self) -> str:
+        elapsed = time.perf_counter() - self.started
+        with self._lock:
+            done, blocks, read, total = self.done, self.blocks, self.bytes_read, self.bytes
+        eta = max(total - read, 0) * elapsed / read if read else None
+        return f"verify | blocks {done}/{blocks} | {_tail(read, elapsed, eta)}"
+
+    def draw(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + self.text() + "\x1b[K")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.draw()
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+def _tail(bytes_read: int, elapsed: float, eta: float | None) -> str:
+    return (
+        f"read {format_bytes(bytes_read)} | {_clock(elapsed)} elapsed | "
+        f"ETA {_clock(eta) if eta is not None else '--:--'}"
+    )
 
 
 def _clock(seconds: float) -> str:

@@ -41,6 +41,7 @@ from distributed import Client, Future, wait
 
 from pipeline.errors import InputError, JobError
 from pipeline.plan.spec import ArraySpec
+from pipeline.progress import CheckLine
 from pipeline.run import verify_tasks as tasks
 from pipeline.run.nonfinite import OVERFLOW_MARGIN
 from pipeline.run.verify_tasks import GAUSSIAN_MAD, SAFETY, TAU, U64, CheckSpec, RowCheck
@@ -122,31 +123,47 @@ def verify_product(
         (a_url, b_url, c_url), options, (a, b, c), r, _sample_rows(rng, a.shape[0], a.chunks[0])
     )
     run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
-    ref, b_counts = _submit_reference(client, job, run)
-    noise = client.submit(tasks.measure_noise, job, ref, key=f"verify-noise-{run}")
+    line = CheckLine(progress)
+    try:
+        return _check(client, job, run, line)
+    finally:
+        line.close()
+
+
+def _check(client: Client, job: CheckSpec, run: str, line: CheckLine) -> VerifyResult:
+    a, _, c = job.specs
     m = a.shape[0]
     rows = [(r0, min(r0 + a.chunks[0], m)) for r0 in range(0, m, a.chunks[0])]
-    checks = [
-        client.submit(tasks.check_rows, job, rr, ref, noise, key=f"verify-rows-{run}-{rr[0]}")
-        for rr in rows
-    ]
-    if progress and checks:
-        from distributed import progress as progress_bar
-
-        progress_bar(checks)
+    row_bytes = a.shape[1] * _itemsize(a) + c.shape[1] * _itemsize(c)
+    line.expect(len(rows), m * row_bytes)
+    ref, b_counts = _submit_reference(client, job, run, line)
+    noise = client.submit(tasks.measure_noise, job, ref, key=f"verify-noise-{run}")
+    checks = []
+    for rr in rows:
+        key = f"verify-rows-{run}-{rr[0]}"
+        checks.append(client.submit(tasks.check_rows, job, rr, ref, noise, key=key))
+        line.watch(checks[-1], (rr[1] - rr[0]) * row_bytes, expected=True)
     _wait_for([*checks, noise])
     outcomes: list[RowCheck] = client.gather(checks)
+    rounds = job.r.shape[1]
     return _summarize(outcomes, rows, rounds, float(noise.result()) / SAFETY, b_counts)
 
 
+def _itemsize(spec: ArraySpec) -> int:
+    return np.dtype(spec.dtype).itemsize
+
+
 def _submit_reference(
-    client: Client, job: CheckSpec, run: str
+    client: Client, job: CheckSpec, run: str, line: CheckLine
 ) -> tuple[Future[Any], tuple[int, int]]:
     """(future of the reference, (non-finite values, columns holding one) of B): one pass over
     B, and a second with r masked only when B has non-finite columns."""
     (k, _), (kc, _) = job.specs[1].shape, job.specs[1].chunks
     blocks = [(k0, min(k0 + kc, k)) for k0 in range(0, k, kc)]
     parts = [client.submit(tasks.b_pass, job, ks, key=f"verify-b-{run}-{ks[0]}") for ks in blocks]
+    row_bytes = job.specs[1].shape[1] * _itemsize(job.specs[1])
+    for part, ks in zip(parts, blocks, strict=True):
+        line.watch(part, (ks[1] - ks[0]) * row_bytes)
     ref = client.submit(tasks.reference, job, parts, key=f"verify-ref-{run}")
     counted = client.submit(tasks.count_b, ref, key=f"verify-b-count-{run}")
     _wait_for([counted])
@@ -157,6 +174,8 @@ def _submit_reference(
             client.submit(tasks.b_masked_pass, job, ks, bad, key=f"verify-b-masked-{run}-{ks[0]}")
             for ks in blocks
         ]
+        for part, ks in zip(masked, blocks, strict=True):
+            line.watch(part, (ks[1] - ks[0]) * row_bytes)
         ref = client.submit(tasks.with_br, ref, masked, key=f"verify-ref-masked-{run}")
     return ref, b_counts
 

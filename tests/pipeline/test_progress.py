@@ -160,3 +160,27 @@ def test_staged_gpu_tasks_report_panels_too(
             time.sleep(0.05)
     assert seen and seen[-1]["panels"] == len(panels)
     assert seen[-1]["flops"] == 2 * 40 * 30 * 3000
+
+
+def test_verify_line_counts_blocks_and_bytes(
+    tmp_path: Path, in_process: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """verify's line is multiply's style: blocks done, bytes read, elapsed, ETA; every block
+    of B (one pass) and of A and C (row blocks) is read once and counted."""
+    from pipeline import multiply
+    from pipeline.verify import verify_product
+
+    rng = np.random.default_rng(2)
+    a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (50, 70), "float32"), (20, 30))
+    b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (70, 40), "float64"), (25, 40))
+    out = str(tmp_path / "c.zarr")
+    multiply(a_url, b_url, out, client=in_process)
+    capsys.readouterr()
+    assert verify_product(in_process, a_url, b_url, out, progress=True).passed
+    drawn = capsys.readouterr().err.split("\r")
+    last = drawn[-1].removesuffix("\x1b[K\n")
+    b_blocks, a_blocks = 3, 3  # B's 70 rows by 25, A's 50 rows by 20
+    read = 70 * 40 * 8 + 50 * (70 * 4 + 40 * 8)  # B once, then A's and C's rows
+    assert last.startswith(f"verify | blocks {b_blocks + a_blocks}/{b_blocks + a_blocks} | ")
+    assert f"read {format_bytes(read)} |" in last and "elapsed | ETA" in last
+    assert all(d.startswith("verify | blocks ") for d in drawn[1:]), drawn
