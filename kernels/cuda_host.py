@@ -95,7 +95,7 @@ def cuda_available() -> bool:
 _SIMULATOR_LOCK = threading.Lock()
 
 
-def _simulated() -> bool:
+def simulated() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
@@ -130,7 +130,7 @@ def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any =
         return
     kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
     cfg = variant.launch(*c.shape)
-    with _SIMULATOR_LOCK if _simulated() else contextlib.nullcontext():
+    with _SIMULATOR_LOCK if simulated() else contextlib.nullcontext():
         kernel[cfg.grid, cfg.block, stream](a, b, c)
 
 

@@ -96,11 +96,11 @@ class NumbaDevice:
     def event(self) -> Event:
         from numba import cuda
 
-        from kernels.cuda_host import _simulated
+        from kernels.cuda_host import simulated
 
         # Timing off makes synchronizing cheaper; the simulator's event takes no arguments.
         make: Any = cuda.event
-        event: Event = make() if _simulated() else make(timing=False)
+        event: Event = make() if simulated() else make(timing=False)
         return event
 
     def empty(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceArray:
@@ -140,9 +140,9 @@ class NumbaDevice:
             return
         from numba import cuda
 
-        from kernels.cuda_host import _simulated
+        from kernels.cuda_host import simulated
 
-        timed: dict[str, bool] = {} if _simulated() else {"timing": True}  # the simulator's
+        timed: dict[str, bool] = {} if simulated() else {"timing": True}  # the simulator's
         start, end = cuda.event(**timed), cuda.event(**timed)  # event takes no arguments
         start.record(stream)
         launch_product(variant, a, b, c, stream)
