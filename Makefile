@@ -55,6 +55,7 @@ bench-feed: venv  # each case: a cold job, then two warm ones (staging memory ke
 	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 0.25 --h2d-gbps 25 --runs 3
 	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --runs 3
 	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --no-overlap --runs 3
+	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --device-tflops 2.5 --h2d-gbps 25 --gpu-decode --runs 3
 
 # On a machine with a CUDA GPU: the same path, real kernels, busy time from CUDA events.
 bench-gpu: venv

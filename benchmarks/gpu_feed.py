@@ -1,7 +1,7 @@
 """How well the host feeds a GPU: the whole multiply path against an EMULATED device.
 
     python -m benchmarks.gpu_feed A.zarr B.zarr --device-tflops F --h2d-gbps G
-        [--device-memory SIZE] [--no-overlap] [--workers-threads N]
+        [--device-memory SIZE] [--no-overlap] [--gpu-decode [--decode-gbps D]] [--runs N]
 
 Real reads, decodes, plan and staging; the device's kernels and copies take modelled time
 (flops ÷ F, bytes ÷ G) on their own timelines and do no math (kernels.emulated), so OUT holds
@@ -38,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device-memory", default="80GiB", help="device memory (default 80GiB)")
     parser.add_argument("--no-overlap", action="store_true", help="baseline: stages in series")
     parser.add_argument(
+        "--gpu-decode",
+        action="store_true",
+        help="zstd chunks copied compressed and decoded on the (emulated) device",
+    )
+    parser.add_argument(
+        "--decode-gbps", type=float, help="device zstd decoding, GB/s decoded (emulated)"
+    )
+    parser.add_argument(
         "--runs",
         type=int,
         default=1,
@@ -55,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         "tilegemm.emulated.h2d-gbps": args.h2d_gbps,
         "tilegemm.emulated.memory": args.device_memory,
         "tilegemm.gpu-overlap": not args.no_overlap,
+        **({"tilegemm.emulated.decode-gbps": args.decode_gbps} if args.decode_gbps else {}),
     }
     with dask.config.set(settings):
         for number in range(1, max(args.runs, 1) + 1):
-            report = run(args.a, args.b, args.out)
+            report = run(args.a, args.b, args.out, args.gpu_decode)
             state = "cold" if number == 1 else "warm"
             print(
                 f"run {number} of {args.runs} ({state}): busy {report['busy']:.2f}, "
@@ -110,17 +119,19 @@ def zarr_read_seconds(a: str, b: str) -> float:
     return time.perf_counter() - started
 
 
-def run(a: str, b: str, out: str | None = None) -> dict[str, Any]:
+def run(a: str, b: str, out: str | None = None, gpu_decode: bool = False) -> dict[str, Any]:
     """One emulated multiply on an in-process cluster; the device's timeline is read here."""
     from kernels.shared_devices import reset_shared, shared_timelines
 
     reset_shared()
-    result, window = timed_job(a, b, out, "emulated")
+    result, window = timed_job(a, b, out, "emulated", gpu_decode)
     (timeline,) = shared_timelines()
     return summarize(result, timeline, window)
 
 
-def timed_job(a: str, b: str, out: str | None, backend: str) -> tuple[Any, tuple[float, float]]:
+def timed_job(
+    a: str, b: str, out: str | None, backend: str, gpu_decode: bool = False
+) -> tuple[Any, tuple[float, float]]:
     """(result, execution window in perf_counter seconds) of one multiply on an in-process
     cluster, OUT in a temporary folder unless given."""
     from distributed import get_task_stream
@@ -131,7 +142,7 @@ def timed_job(a: str, b: str, out: str | None, backend: str) -> tuple[Any, tuple
     scratch = None if out else tempfile.mkdtemp(prefix="gpu-feed-")
     target = out or str(Path(str(scratch)) / "c.zarr")
     try:
-        job = prepare(a, b, target, backend=backend, overwrite=True)
+        job = prepare(a, b, target, backend=backend, overwrite=True, gpu_decode=gpu_decode)
         with start(ClusterSpec(workers=1, dashboard_address=":0")) as client:
             offset = time.time() - time.perf_counter()  # one process: the two clocks agree
             with get_task_stream(client) as stream:
@@ -159,6 +170,7 @@ def summarize(result: Any, timeline: list[Any], window: tuple[float, float]) -> 
     model's figures beside them, and what bound the run."""
     length = max(window[1] - window[0], 1e-9)
     busy = {engine: _busy(timeline, engine, window) for engine in ("compute", "h2d", "d2h")}
+    gemm = _busy(timeline, "compute", window, "gemm")  # busy: not --gpu-decode's decoding
     plan = result.plan
     decode = result.phases.get("decode", 0.0) / max(plan.decode_threads * plan.busy_threads, 1)
     measured = {
@@ -166,9 +178,7 @@ def summarize(result: Any, timeline: list[Any], window: tuple[float, float]) -> 
         "host-to-device": busy["h2d"],
         "decode": min(decode, length),
     }
-    bound = (
-        "kernel" if busy["compute"] / length >= 0.85 else max(measured, key=measured.__getitem__)
-    )
+    bound = "kernel" if gemm / length >= 0.85 else max(measured, key=measured.__getitem__)
     model = dict(plan.resource_seconds)
     rows = [f"{'resource':<16}{'model s':>10}{'measured s':>12}"]
     for name in ("storage", "decode", "host-to-device", "kernel", "write"):
@@ -180,7 +190,7 @@ def summarize(result: Any, timeline: list[Any], window: tuple[float, float]) -> 
         f"{len(plan.k_panels)} K panel(s), {plan.decode_threads} decode thread(s) (EMULATED)"
     )
     return {
-        "busy": busy["compute"] / length,
+        "busy": gemm / length,
         "window": length,
         "bound_by": bound,
         "engines": busy,
@@ -189,10 +199,12 @@ def summarize(result: Any, timeline: list[Any], window: tuple[float, float]) -> 
     }
 
 
-def _busy(timeline: list[Any], engine: str, window: tuple[float, float]) -> float:
+def _busy(
+    timeline: list[Any], engine: str, window: tuple[float, float], name: str | None = None
+) -> float:
     total = 0.0
     for entry in timeline:
-        if entry.engine == engine:
+        if entry.engine == engine and name in (None, entry.name):
             total += max(0.0, min(entry.end, window[1]) - max(entry.start, window[0]))
     return total
 

@@ -92,10 +92,12 @@ def _numba_device(params: dict[str, float]) -> Any:
 
 
 def _emulated_device(params: dict[str, float]) -> Any:
+    from kernels.emulated import DECODE_GBPS
     from kernels.shared_devices import shared_device
 
     memory = int(params["memory_bytes"]) if params.get("memory_bytes") else None
-    return shared_device(params["tflops"], params["h2d_gbps"], memory)
+    decode = params.get("decode_gbps") or DECODE_GBPS
+    return shared_device(params["tflops"], params["h2d_gbps"], memory, decode)
 
 
 def _emulated_accumulator(shape: tuple[int, int], dtype: str, block: Any) -> Any:
@@ -165,6 +167,13 @@ BACKENDS: dict[str, BackendSpec] = {
 }
 AUTO = "auto"
 CHOICES = (AUTO, *BACKENDS)
+
+
+def staged_backends() -> tuple[str, ...]:
+    """Backends driven by the staged engine (a device of their own)."""
+    return tuple(name for name, spec in BACKENDS.items() if spec.make_device is not None)
+
+
 """What --backend accepts."""
 
 

@@ -99,6 +99,11 @@ def simulated() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+def launch_lock() -> contextlib.AbstractContextManager[Any]:
+    """Held around a kernel launch: the simulator keeps its kernel state in a module global."""
+    return _SIMULATOR_LOCK if simulated() else contextlib.nullcontext()
+
+
 @functools.cache
 def jit_kernel(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
     from numba import config, cuda
@@ -130,7 +135,7 @@ def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any =
         return
     kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
     cfg = variant.launch(*c.shape)
-    with _SIMULATOR_LOCK if simulated() else contextlib.nullcontext():
+    with launch_lock():
         kernel[cfg.grid, cfg.block, stream](a, b, c)
 
 

@@ -19,6 +19,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from kernels.buffers import Allocator, pinned_allocator
+from kernels.device_decode import CompressedPanel, decode_on_device
 from kernels.launch import band_rows, check_panels
 
 DeviceArray = Any
@@ -68,6 +69,12 @@ class Device(Protocol):
     ) -> None:
         """Queue ``acc += a @ b``; with ``rows=(r0, r1)`` only ``acc[r0:r1]``, ``a`` holding
         just those rows."""
+
+    def decode_into(
+        self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
+    ) -> None:
+        """Queue: copy ``panel``'s compressed chunks (the start of ``staged``) to the device,
+        decode them there and place them into ``dev`` (kernels.device_decode)."""
 
 
 class NumbaDevice:
@@ -148,6 +155,11 @@ class NumbaDevice:
         launch_product(variant, a, b, c, stream)
         end.record(stream)
         self.kernel_events.append((start, end))
+
+    def decode_into(
+        self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
+    ) -> None:
+        decode_on_device(staged, panel, dev, stream)
 
     def kernel_seconds(self) -> float:
         """Device time of the kernels launched while ``record_kernels`` was on (CUDA events;

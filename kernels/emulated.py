@@ -28,9 +28,13 @@ from numpy.typing import DTypeLike, NDArray
 
 from kernels.buffers import Allocator, lazy_host_allocator
 from kernels.device import Stream
+from kernels.device_decode import CompressedPanel
 from kernels.launch import band_rows, check_panels
 
 ENGINES = ("compute", "h2d", "d2h")
+DECODE_GBPS = 50.0
+"""Decoded GB/s of device-side zstd decoding (--gpu-decode) unless given: an assumption, not a
+measured nvCOMP figure (the planner's DEVICE_DECODE_BYTES_PER_SECOND)."""
 
 
 class DeviceMemoryError(MemoryError):
@@ -107,7 +111,8 @@ class DeviceBuffer:
 
 class EmulatedDevice:
     """A modelled GPU. ``tflops`` applies to float32; float64 kernels run at ``fp64_tflops``
-    (default half of it, as on an H100). ``d2h_gbps`` defaults to ``h2d_gbps``. Use it as a
+    (default half of it, as on an H100). ``d2h_gbps`` defaults to ``h2d_gbps``; ``decode_gbps``
+    is the rate of decoding compressed chunks on the device. Use it as a
     context manager, or call ``close()``, to stop its engine threads."""
 
     name = "emulated"
@@ -120,9 +125,12 @@ class EmulatedDevice:
         memory_bytes: int | None = None,
         *,
         fp64_tflops: float | None = None,
+        decode_gbps: float = DECODE_GBPS,
     ) -> None:
-        if min(tflops, h2d_gbps, d2h_gbps or h2d_gbps, fp64_tflops or tflops) <= 0:
-            raise ValueError("flop and copy rates must be positive")
+        rates = (tflops, h2d_gbps, d2h_gbps or h2d_gbps, fp64_tflops or tflops, decode_gbps)
+        if min(rates) <= 0:
+            raise ValueError("flop, copy and decode rates must be positive")
+        self.decode_bytes_per_second = decode_gbps * 1e9
         self.flops = {"float32": tflops * 1e12, "float64": (fp64_tflops or tflops / 2) * 1e12}
         self.bytes_per_second = {"h2d": h2d_gbps * 1e9, "d2h": (d2h_gbps or h2d_gbps) * 1e9}
         self.memory_bytes = memory_bytes
@@ -185,6 +193,18 @@ class EmulatedDevice:
         check_panels((r1 - r0, acc.shape[1]), acc.dtype, a, b)  # type: ignore[arg-type]
         flops = 2 * (r1 - r0) * acc.shape[1] * a.shape[1]
         self._submit(stream, "compute", "gemm", flops, self.flops[acc.dtype.name])
+
+    def decode_into(
+        self, staged: NDArray[Any], panel: CompressedPanel, dev: DeviceBuffer, stream: Stream
+    ) -> None:
+        """The compressed bytes over the copy engine, then decoding on the compute engine (as
+        nvCOMP's kernels share the GPU with the gemms) at ``decode_gbps`` of decoded bytes."""
+        if panel.nbytes > staged.nbytes:
+            raise ValueError(f"{panel.nbytes} compressed bytes staged in {staged.nbytes}")
+        itemsize = np.dtype(panel.dtype).itemsize
+        decoded = sum(p.shape[0] * p.shape[1] * itemsize for p in panel.pieces)
+        self._submit(stream, "h2d", "copy_compressed", panel.nbytes)
+        self._submit(stream, "compute", "decode", decoded, self.decode_bytes_per_second)
 
     # --- measuring ----------------------------------------------------------------------------
 

@@ -5,22 +5,27 @@ from __future__ import annotations
 
 import threading
 
-from kernels.emulated import EmulatedDevice, TimelineEntry
+from kernels.emulated import DECODE_GBPS, EmulatedDevice, TimelineEntry
 
-_SHARED: dict[tuple[float, float, int | None], EmulatedDevice] = {}
+_SHARED: dict[tuple[float, float, int | None, float], EmulatedDevice] = {}
 _SHARED_LOCK = threading.Lock()
 
 
 def shared_device(
-    tflops: float, h2d_gbps: float, memory_bytes: int | None = None
+    tflops: float,
+    h2d_gbps: float,
+    memory_bytes: int | None = None,
+    decode_gbps: float = DECODE_GBPS,
 ) -> EmulatedDevice:
     """This process's emulated GPU for these figures: every task of a worker drives one device,
     as on a GPU box with one worker per GPU."""
-    key = (float(tflops), float(h2d_gbps), memory_bytes)
+    key = (float(tflops), float(h2d_gbps), memory_bytes, float(decode_gbps))
     with _SHARED_LOCK:
         device = _SHARED.get(key)
         if device is None:
-            device = _SHARED[key] = EmulatedDevice(tflops, h2d_gbps, memory_bytes=memory_bytes)
+            device = _SHARED[key] = EmulatedDevice(
+                tflops, h2d_gbps, memory_bytes=memory_bytes, decode_gbps=decode_gbps
+            )
         return device
 
 

@@ -26,10 +26,12 @@ from numpy.typing import DTypeLike, NDArray
 
 from kernels.buffers import ArraySpec, BufferPool, Lease
 from kernels.device import Device, Event, Stream
+from kernels.device_decode import CompressedPanel
 
-Fill = Callable[[NDArray[Any]], int | None]
+Fill = Callable[[NDArray[Any]], int | None | CompressedPanel]
 """Writes a decoded panel into the given host array; returns the bytes it decoded (None: the
-array's size; 0 when the data came from a cache)."""
+array's size; 0 when the data came from a cache) -- or stages the panel's compressed chunks in
+the array's bytes and says so (CompressedPanel), for the device to decode."""
 Finished = Callable[[tuple[int, int], NDArray[Any]], None]
 """Called with (band, host array) once a band of the result is final. The array is reused after
 the call returns: write it (or copy it) before returning."""
@@ -192,10 +194,13 @@ class _Run:
         """Wait for the panel's decoding, queue its copies into the next device slot and make
         the compute stream wait for them."""
         start = time.perf_counter()
-        for out, fill in zip(item.lease.arrays, item.fills, strict=True):
-            got = fill.result()
-            self.stats.bytes_decoded += out.nbytes if got is None else int(got)
+        got = [fill.result() for fill in item.fills]
         self.stats.decode_wait_seconds += time.perf_counter() - start
+        for out, filled in zip(item.lease.arrays, got, strict=True):
+            if isinstance(filled, CompressedPanel):
+                self.stats.bytes_decoded += filled.bytes_read
+            else:
+                self.stats.bytes_decoded += out.nbytes if filled is None else int(filled)
         a, b = item.lease.arrays
         slot = self.streams.slots[self.stats.panels % DEVICE_SLOTS]
         self.stats.panels += 1
@@ -208,9 +213,14 @@ class _Run:
             )
         elif slot.free is not None:
             slot.free.wait(self.streams.h2d)
-        self.device.copy_to_device(a, slot.a, self.streams.h2d)
-        self.device.copy_to_device(b, slot.b, self.streams.h2d)
-        self.stats.bytes_h2d += a.nbytes + b.nbytes
+        for host, dev, filled in ((a, slot.a, got[0]), (b, slot.b, got[1])):
+            if isinstance(filled, CompressedPanel):  # decoded on the device
+                staged = host.reshape(-1).view(np.uint8)
+                self.device.decode_into(staged, filled, dev, self.streams.h2d)
+                self.stats.bytes_h2d += filled.nbytes
+            else:
+                self.device.copy_to_device(host, dev, self.streams.h2d)
+                self.stats.bytes_h2d += host.nbytes
         copied = _recorded(self.device, self.streams.h2d)
         copied.wait(self.streams.compute)
         self.copying.append((copied, item.lease))

@@ -18,7 +18,7 @@ from distributed import Client
 from numpy.typing import DTypeLike
 
 from cluster import ClusterSpec
-from kernels.backends import CHOICES
+from kernels.backends import AUTO, CHOICES, get_backend, staged_backends
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for, planning_backend
 from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
@@ -40,6 +40,7 @@ def prepare(
     backend: str = "auto",
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
+    gpu_decode: bool = False,
     dtype: DTypeLike | None = None,
     chunks: Pair | None = None,
     shards: Pair | None = None,
@@ -59,11 +60,17 @@ def prepare(
         raise UsageError(f"unknown backend {backend!r}; choose {', '.join(CHOICES)}")
     if overwrite and resume:
         raise UsageError("--overwrite and --resume exclude each other; pick one")
+    if gpu_decode and backend != AUTO and not get_backend(backend).make_device:
+        raise UsageError(
+            f"--gpu-decode decodes the inputs on the GPU: it needs --backend "
+            f"{' or '.join(staged_backends())}, not {backend}"
+        )
     urls, storage = _locate((a, b, out), storage_options)
     options = JobOptions(
         backend=backend,
         memory_limit_bytes=_bytes(memory_limit),
         device_memory_limit_bytes=_bytes(device_memory_limit),
+        gpu_decode=gpu_decode,
         overwrite=overwrite,
         resume=resume,
         verify=verify,
@@ -120,6 +127,7 @@ def multiply(
     backend: str = "auto",
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
+    gpu_decode: bool = False,
     dtype: DTypeLike | None = None,
     chunks: Pair | None = None,
     shards: Pair | None = None,
@@ -135,7 +143,8 @@ def multiply(
     see the README."""
     job = prepare(
         a, b, out, backend=backend, memory_limit=memory_limit,
-        device_memory_limit=device_memory_limit, dtype=dtype, chunks=chunks, shards=shards,
+        device_memory_limit=device_memory_limit, gpu_decode=gpu_decode, dtype=dtype,
+        chunks=chunks, shards=shards,
         overwrite=overwrite, resume=resume, verify=verify, storage_options=storage_options,
         progress=progress, cluster=cluster, report=report,
     )  # fmt: skip

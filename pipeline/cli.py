@@ -125,6 +125,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         backend=args.backend,
         memory_limit=args.memory_limit,
         device_memory_limit=args.device_memory_limit,
+        gpu_decode=args.gpu_decode,
         dtype=args.dtype,
         chunks=args.chunks,
         shards=args.shards,

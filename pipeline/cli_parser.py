@@ -58,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
     )
     mul.add_argument(
+        "--gpu-decode",
+        action="store_true",
+        help="cuda/emulated: copy zstd chunks compressed and decode them on the GPU (nvCOMP on "
+        "the workers), not on the host",
+    )
+    mul.add_argument(
         "--dtype",
         metavar="DTYPE",
         help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "

@@ -31,6 +31,7 @@ from pipeline.plan.device import (
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.report import add_to_report, format_plan, report_context
 from pipeline.run.client import (
+    check_gpu_decode,
     collect,
     describe_workers,
     release_panels,
@@ -55,6 +56,8 @@ class JobOptions:
     """Per worker, in bytes: the plan must fit it, and local workers get it as their limit."""
     device_memory_limit_bytes: int | None = None
     """Per worker's GPU, in bytes: GPU plans fit it (None: the device's own memory)."""
+    gpu_decode: bool = False
+    """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
     overwrite: bool = False
     resume: bool = False
     verify: bool = False
@@ -133,6 +136,8 @@ class MatmulJob:
         report = report_context(self.options.report, self.options.storage_options)
         with _connect(client, self.options) as c, report:
             backend = resolve_backend(c, self.options.backend, self.plan.compute_dtype)
+            if self.options.gpu_decode:
+                check_gpu_decode(c, backend)
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
             skip = self._start_output(plan, spec.fingerprint)
@@ -176,6 +181,7 @@ class MatmulJob:
             device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
             overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
             read_concurrency=self._read_concurrency(),
+            gpu_decode=self.options.gpu_decode,
             progress=self.options.progress,
         )
 

@@ -105,41 +105,36 @@ class ProgressLine:
 
 class CheckLine:
     """verify's line, in the same style: blocks checked (B's passes, then A's and C's row
-    blocks), bytes read, and an ETA from the bytes still to read. Futures report themselves
-    (``watch``) from the client's event-loop thread."""
+    blocks), bytes read, and an ETA from the bytes still to read. ``update`` counts the
+    watched futures that are done (polled: no callbacks into the client's event loop)."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled, self.stream = enabled, stream or sys.stderr
         self.started = time.perf_counter()
-        self.blocks = self.done = self.bytes = self.bytes_read = 0
-        self._lock = threading.Lock()
+        self.blocks = self.bytes = 0
+        self._watched: list[tuple[Any, int]] = []
 
     def expect(self, blocks: int, nbytes: int) -> None:
         """Work to come (submitted later), so that the ETA counts it from the start."""
-        with self._lock:
-            self.blocks += blocks
-            self.bytes += nbytes
-        self.draw()
+        self.blocks += blocks
+        self.bytes += nbytes
 
     def watch(self, future: Any, nbytes: int, expected: bool = False) -> None:
-        """Count ``future`` (reading ``nbytes``) as done when it ends, and in the totals
-        unless ``expect`` counted it already."""
+        """Count ``future`` (reading ``nbytes``) once done, and in the totals unless
+        ``expect`` counted it already."""
         if not expected:
             self.expect(1, nbytes)
-        future.add_done_callback(lambda _: self._finished(nbytes))
+        self._watched.append((future, nbytes))
 
-    def _finished(self, nbytes: int) -> None:
-        with self._lock:
-            self.done += 1
-            self.bytes_read += nbytes
+    def update(self) -> None:
         self.draw()
 
     def text(self) -> str:
         elapsed = time.perf_counter() - self.started
-        with self._lock:
-            done, blocks, read, total = self.done, self.blocks, self.bytes_read, self.bytes
-        eta = max(total - read, 0) * elapsed / read if read else None
-        return f"verify | blocks {done}/{blocks} | {_tail(read, elapsed, eta)}"
+        finished = [nbytes for future, nbytes in self._watched if future.done()]
+        read = sum(finished)
+        eta = max(self.bytes - read, 0) * elapsed / read if read else None
+        return f"verify | blocks {len(finished)}/{self.blocks} | {_tail(read, elapsed, eta)}"
 
     def draw(self) -> None:
         if self.enabled:

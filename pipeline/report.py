@@ -81,7 +81,13 @@ def _estimate(plan: MatmulPlan) -> str:
     return (
         f"{plan.estimated_seconds:.1f} s on this cluster ({d.name} {d.source}: "
         f"{d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s peak, "
-        f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped)"
+        f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped"
+        + (
+            f"; zstd decoded on the device at {d.decode_bytes_per_second / 1e9:.0f} GB/s, "
+            "counted in the kernel's time)"
+            if d.decodes_chunks
+            else ")"
+        )
     )
 
 

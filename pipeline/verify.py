@@ -37,12 +37,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
 from pipeline.errors import InputError, JobError
 from pipeline.plan.spec import ArraySpec
 from pipeline.progress import CheckLine
 from pipeline.run import verify_tasks as tasks
+from pipeline.run.client import wait_some
 from pipeline.run.nonfinite import OVERFLOW_MARGIN
 from pipeline.run.verify_tasks import GAUSSIAN_MAD, SAFETY, TAU, U64, CheckSpec, RowCheck
 from pipeline.store import inputs as io
@@ -143,7 +144,7 @@ def _check(client: Client, job: CheckSpec, run: str, line: CheckLine) -> VerifyR
         key = f"verify-rows-{run}-{rr[0]}"
         checks.append(client.submit(tasks.check_rows, job, rr, ref, noise, key=key))
         line.watch(checks[-1], (rr[1] - rr[0]) * row_bytes, expected=True)
-    _wait_for([*checks, noise])
+    _wait_for([*checks, noise], line)
     outcomes: list[RowCheck] = client.gather(checks)
     rounds = job.r.shape[1]
     return _summarize(outcomes, rows, rounds, float(noise.result()) / SAFETY, b_counts)
@@ -166,7 +167,7 @@ def _submit_reference(
         line.watch(part, (ks[1] - ks[0]) * row_bytes)
     ref = client.submit(tasks.reference, job, parts, key=f"verify-ref-{run}")
     counted = client.submit(tasks.count_b, ref, key=f"verify-b-count-{run}")
-    _wait_for([counted])
+    _wait_for([counted], line)
     b_counts: tuple[int, int] = counted.result()
     if b_counts[1]:
         bad = client.submit(tasks.nonfinite_columns, ref, key=f"verify-b-bad-{run}")
@@ -180,8 +181,12 @@ def _submit_reference(
     return ref, b_counts
 
 
-def _wait_for(futures: list[Future[Any]]) -> None:
-    wait(futures)
+def _wait_for(futures: list[Future[Any]], line: CheckLine) -> None:
+    """Wait for ``futures``, redrawing the line every half second and as they finish."""
+    pending = set(futures)
+    while pending:
+        pending = wait_some(pending)[1]
+        line.update()
     failed = [f for f in futures if f.status == "error"]
     if failed:
         raise JobError(f"verification task failed: {failed[0].exception()}")

@@ -19,6 +19,9 @@ DECODE_BYTES_PER_SECOND = 0.6e9
 STORAGE_BYTES_PER_SECOND = 2e9
 """Storage read rate of one worker, in bytes/s (a planning default: local NVMe or a fast
 object store; slower storage shows as `bound by: storage`)."""
+DEVICE_DECODE_BYTES_PER_SECOND = 50e9
+"""zstd decoded on the device (nvCOMP), in decoded bytes/s: an assumption, never measured here
+(no GPU); the emulated device's default is the same."""
 DEVICE_SLOTS = 2
 """Panel pairs resident on the device: one being copied in while the other is multiplied."""
 STAGED_PANELS = 2
@@ -40,6 +43,10 @@ class DeviceModel:
     """Host→device copy rate from pinned memory (device→host taken as the same)."""
     source: str
     """Where the figures come from: "defaults", "calibrated" or "emulated"."""
+    decode_bytes_per_second: float = DEVICE_DECODE_BYTES_PER_SECOND
+    """Decoded bytes per second of zstd decoding on the device (nvCOMP)."""
+    decodes_chunks: bool = False
+    """--gpu-decode: the inputs' zstd chunks are copied compressed and decoded here."""
 
     def flops(self, dtype: str) -> float:
         return self.float64_flops if np.dtype(dtype).itemsize >= 8 else self.float32_flops
@@ -75,11 +82,14 @@ def resource_seconds(
 ) -> dict[str, float]:
     """Modelled busy seconds of each resource of one worker."""
     decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
+    kernel = work.flops / (device.flops(compute_dtype) * flops_fraction)
+    if device.decodes_chunks:  # the host only reads; decoding shares the device with the gemms
+        kernel += work.read_bytes / device.decode_bytes_per_second
     return {
         "storage": work.read_bytes / STORAGE_BYTES_PER_SECOND,
-        "decode": work.read_bytes / decode_rate,
+        "decode": 0.0 if device.decodes_chunks else work.read_bytes / decode_rate,
         "host-to-device": work.copy_bytes / device.h2d_bytes_per_second,
-        "kernel": work.flops / (device.flops(compute_dtype) * flops_fraction),
+        "kernel": kernel,
         "write": work.write_bytes / decode_rate,
     }
 

@@ -56,7 +56,10 @@ def with_device(
     # drains it (the last band written after the kernel), so fewer, bigger tiles fill less.
     decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
     first = (tm + tn) * width * c
-    fill = first / decode_rate + first / device.h2d_bytes_per_second + TASK_OVERHEAD_SECONDS
+    first_decode = first / (
+        device.decode_bytes_per_second if device.decodes_chunks else decode_rate
+    )
+    fill = first_decode + first / device.h2d_bytes_per_second + TASK_OVERHEAD_SECONDS
     fill = share * plan.n_tasks * fill + band * tn * o / decode_rate
     return replace(
         plan,

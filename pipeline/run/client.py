@@ -14,7 +14,13 @@ from dask.base import tokenize
 from distributed import Client, Future, wait
 
 from kernels.backends import AUTO, BACKENDS, BackendSpec, get_backend, probe_devices
-from pipeline.errors import BackendUnavailableError, ClusterError, JobError, PipelineError
+from pipeline.errors import (
+    BackendUnavailableError,
+    ClusterError,
+    JobError,
+    PipelineError,
+    UsageError,
+)
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
 from pipeline.run import events, worker
@@ -55,6 +61,27 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
         reason = f"{compute_dtype} is not a GPU dtype"
     log.info("backend: %s (%s)", chosen, reason)
     return chosen
+
+
+def check_gpu_decode(client: Client, backend: str) -> None:
+    """--gpu-decode needs a staged GPU backend and, on a real GPU, nvCOMP on every worker (the
+    simulator decodes on the host in its place; the emulated device models it)."""
+    if not get_backend(backend).make_device:
+        raise UsageError(
+            f"--gpu-decode decodes on the GPU, but the job runs on the {backend} backend (no GPU "
+            "on the workers); drop --gpu-decode or run on GPU workers"
+        )
+    from kernels.cuda_host import simulated
+    from kernels.device_decode import nvcomp_available
+
+    if backend == "emulated" or all(client.run(simulated).values()):
+        return
+    lacking = sorted(w for w, ok in client.run(nvcomp_available).items() if not ok)
+    if lacking:
+        raise BackendUnavailableError(
+            f"--gpu-decode needs nvCOMP's Python package on every worker; {len(lacking)} lack "
+            f"it (e.g. {lacking[0]}): pip install nvidia-nvcomp-cu12 there, or drop --gpu-decode"
+        )
 
 
 def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute_dtype: str) -> str:
@@ -140,7 +167,7 @@ def collect(
     try:
         with events.subscribe(client, run_id if progress else "", line.task_progress):
             while pending:
-                done, pending = _wait_some(pending)
+                done, pending = wait_some(pending)
                 for future in done:
                     if future.status == "error":
                         client.cancel(list(pending))
@@ -155,7 +182,7 @@ def collect(
     return RunStats(len(stats), sum(s.bytes_read for s in stats), tuple(stats))
 
 
-def _wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[Any]]]:
+def wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[Any]]]:
     """Futures done within half a second (distributed's wait raises at its timeout)."""
     try:
         done, rest = wait(pending, timeout=0.5, return_when="FIRST_COMPLETED")

@@ -43,6 +43,9 @@ class TaskSpec:
     overlap: bool = True
     """GPU backends: decode, copies and kernels overlap (False: one after the other, the
     baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""
+    gpu_decode: bool = False
+    """Stage zstd chunks compressed and decode them on the device (--gpu-decode), where the
+    inputs qualify (pipeline.store.raw_chunks)."""
     progress: bool = False
     """Send per-panel progress events (pipeline.run.events; on the GPU path a panel counts
     once staged for the device)."""

@@ -1,7 +1,8 @@
 """Worker side, GPU backends: a tile's K loop fed to the device by the staged engine.
 
 Decode threads read the next panels straight into pinned staging buffers (a bounded pool of
-the worker process), a copy stream moves panel k+1 while the compute stream multiplies panel
+the worker process) -- with --gpu-decode, zstd chunks are staged compressed and decoded on the
+device instead --, a copy stream moves panel k+1 while the compute stream multiplies panel
 k, and the accumulator stays on the device (kernels.staged). Every task of the worker drives
 the worker's one device. The last panel goes band by band; each finished band is copied back
 and handed to the caller's writer while the next band computes.
@@ -12,15 +13,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
 from kernels.backends import get_backend
 from kernels.buffers import process_pool
+from kernels.device_decode import CompressedPanel
 from kernels.staged import Panel, StagedProduct, StagedStats
 from pipeline.plan import Tile, row_bands
 from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec
 from pipeline.run.timing import PhaseTimes
+from pipeline.store.raw_chunks import device_decodable, read_compressed
 
 Finished = Callable[[tuple[int, int], NDArray[Any]], None]
 
@@ -79,14 +83,27 @@ def _panels(
     a, b, report = open_task(spec, tile, panels)
     m, n = tile.shape
 
+    on_device = {
+        "A": spec.gpu_decode and device_decodable(a),
+        "B": spec.gpu_decode and device_decodable(b),
+    }
+
     def fill(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:
-        def into(out: NDArray[Any]) -> int:
-            decoded = read_panel(spec, array, which, rows, cols, clock, out)[1]
+        def counted(got: int | CompressedPanel) -> int | CompressedPanel:
+            read = got.bytes_read if isinstance(got, CompressedPanel) else got
             if which == "A":  # a panel counts when its B half is staged
-                report.add(0, 0, decoded)
+                report.add(0, 0, read)
             else:
-                report.add(1, 2 * m * n * (rows[1] - rows[0]), decoded)
-            return decoded
+                report.add(1, 2 * m * n * (rows[1] - rows[0]), read)
+            return got
+
+        def into(out: NDArray[Any]) -> int | CompressedPanel:
+            if on_device[which]:
+                with clock.measure("read"):
+                    staged = read_compressed(array, rows, cols, out.reshape(-1).view(np.uint8))
+                if staged is not None:
+                    return counted(staged)
+            return counted(read_panel(spec, array, which, rows, cols, clock, out)[1])
 
         return into
 

@@ -1,10 +1,10 @@
 """Where a task's seconds go: thread-seconds per phase, and the worker processes' CPU usage.
 
 Each tile task keeps a ``PhaseTimes`` that its threads add to: the product (BLAS or the GPU
-kernel), decoding panels, copying results out of the accumulator, writing bands, and waiting
-(the task's thread idle until a panel or a write is ready). The client sums them per job, and
-reads user/system seconds and page faults of every worker process before and after the job, so
-a gap to the peers is explained by a measurement.
+kernel), decoding panels (or, decoded on the GPU, reading them compressed), copying results out
+of the accumulator, writing bands, and waiting (the task's thread idle until a panel or a write
+is ready). The client sums them per job, and reads user/system seconds and page faults of every
+worker process before and after the job, so a gap to the peers is explained by a measurement.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-PHASES = ("product", "decode", "copy", "write", "wait")
+PHASES = ("product", "decode", "read", "copy", "write", "wait")
 """Phases of a tile task, in thread-seconds (several threads of a task overlap)."""
 
 

@@ -130,3 +130,47 @@ def test_auto_backend_picks_cpu_on_the_simulator(
     result = multiply(a_url, b_url, out, client=cuda_client, backend="auto")
     assert result.backend == "cpu"  # the simulator is not a GPU
     assert_product(zarr.open_array(out, mode="r")[:], a, b)
+
+
+def _count_device_decodes() -> None:
+    """Run on each worker: count the panels decoded on the device (NumbaDevice.decode_into)."""
+    from kernels.device import NumbaDevice
+
+    decode = getattr(NumbaDevice.decode_into, "__wrapped__", NumbaDevice.decode_into)
+
+    @functools.wraps(decode)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        counted.calls += 1  # type: ignore[attr-defined]
+        decode(self, *args, **kwargs)
+
+    counted.calls = 0  # type: ignore[attr-defined]
+    NumbaDevice.decode_into = counted  # type: ignore[method-assign]
+
+
+def _device_decodes_counted() -> int:
+    from kernels.device import NumbaDevice
+
+    return int(getattr(NumbaDevice.decode_into, "calls", 0))
+
+
+_count_device_decodes.__module__ = _device_decodes_counted.__module__ = "__main__"
+
+
+def test_gpu_decode_gives_the_same_bytes(cuda_client: Client, tmp_path: Path) -> None:
+    """--gpu-decode: zstd chunks staged compressed and decoded on the (simulated) device give
+    OUT bitwise equal to panels decoded on the host. Whole numbers compress, so every frame
+    fits in its panel's staging buffer, edge chunks too."""
+    rng = np.random.default_rng(11)
+    a = np.round(random_matrix(rng, (40, 24), "float32") * 50)
+    b = np.round(random_matrix(rng, (24, 30), "float32") * 50)
+    a_url = write_array(tmp_path / "a.zarr", a, (16, 12))  # zarr's default codec: zstd
+    b_url = write_array(tmp_path / "b.zarr", b, (12, 16))
+    outs = [str(tmp_path / "host.zarr"), str(tmp_path / "device.zarr")]
+    multiply(a_url, b_url, outs[0], client=cuda_client, backend="cuda")
+    cuda_client.run(_count_device_decodes)
+    result = multiply(a_url, b_url, outs[1], client=cuda_client, backend="cuda", gpu_decode=True)
+    assert sum(cuda_client.run(_device_decodes_counted).values()) >= 2 * len(result.plan.k_panels)
+    assert result.phases["decode"] == 0.0 and result.phases["read"] > 0.0
+    host, device = (zarr.open_array(out, mode="r")[:] for out in outs)
+    assert device.tobytes() == host.tobytes()
+    assert_product(device, a, b)

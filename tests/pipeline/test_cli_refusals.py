@@ -134,6 +134,12 @@ MULTIPLY_REFUSALS = [
     ("b-empty-dir", ["a", "empty", "out"], ["B", "in/empty", "holds no Zarr array"]),
     # a memory limit no plan fits: 1 MB = 976.6 KiB per worker
     ("memory-too-small", ["a", "b", "out", "--memory-limit", "1MB"], ["976.6 KiB", "MiB"]),
+    # decoding on the GPU with a CPU backend
+    (
+        "gpu-decode-on-cpu",
+        ["a", "b", "out", "--backend", "cpu", "--gpu-decode"],
+        ["--gpu-decode", "--backend cuda or emulated", "not cpu"],
+    ),
     # sizes and counts that do not parse
     ("memory-unreadable", ["a", "b", "out", "--memory-limit", "lots"], ["'lots'"]),
     ("memory-negative", ["a", "b", "out", "--memory-limit=-4GiB"], ["'-4GiB'"]),

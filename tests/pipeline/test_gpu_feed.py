@@ -68,6 +68,27 @@ def test_emulated_output_is_no_product(operands: tuple[str, str], tmp_path: Path
     assert np.isnan(zarr.open_array(str(tmp_path / "c.zarr"), mode="r")[:]).all()
 
 
+def test_gpu_decode_leaves_the_host_only_reading(operands: tuple[str, str]) -> None:
+    """--gpu-decode: every chunk goes compressed over the copy engine and is decoded on the
+    device (its time on the compute engine, not counted as busy); the host decodes nothing and
+    the plan models no host decode."""
+    from kernels.shared_devices import shared_timelines
+
+    settings = {"tilegemm.emulated.tflops": 50.0, "tilegemm.emulated.h2d-gbps": 25.0}
+    with dask.config.set(settings):
+        report = gpu_feed.run(*operands, gpu_decode=True)
+    (timeline,) = shared_timelines()
+    decodes = [e for e in timeline if e.name == "decode"]
+    chunks = 2 * (N // CHUNK) ** 2  # A and B once each: one tile
+    assert sum(e.amount for e in decodes) == chunks * CHUNK * CHUNK * 4
+    assert {e.engine for e in decodes} == {"compute"}
+    assert sum(e.amount for e in timeline if e.name == "copy_compressed") < 2 * N * N * 4
+    plan = report["plan"]
+    assert dict(plan.resource_seconds)["decode"] == 0.0 and plan.device.decodes_chunks
+    gemm = sum(e.end - e.start for e in timeline if e.name == "gemm")
+    assert report["busy"] * report["window"] <= gemm + 1e-6  # busy counts gemms only
+
+
 def test_kernel_events_are_recorded_in_the_simulator() -> None:
     from kernels.device import NumbaDevice
 

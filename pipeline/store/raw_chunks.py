@@ -1,0 +1,83 @@
+"""A block's chunks as stored (compressed), for decoding on the GPU (--gpu-decode).
+
+Only arrays whose every chunk is one plain zstd frame of the little-endian, C-order elements
+qualify: Zarr v3 with codecs [bytes, zstd] (no checksum) and Zarr v2 with a Zstd compressor,
+no filters and order C. Anything else -- sharded, Blosc, LZ4, transposed, big-endian -- is
+decoded on the host as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from kernels.device_decode import ChunkPiece, CompressedPanel
+
+ALIGN = 16
+
+
+def device_decodable(array: Any) -> bool:
+    """True when ``array``'s chunks are plain zstd frames of its elements (see above)."""
+    dtype = np.dtype(array.dtype)
+    if dtype.byteorder == ">" or getattr(array, "shards", None) is not None:
+        return False
+    metadata = array.metadata
+    if metadata.zarr_format == 2:
+        compressor = metadata.compressor
+        return (
+            getattr(compressor, "codec_id", None) == "zstd"
+            and not getattr(compressor, "checksum", False)
+            and not metadata.filters
+            and metadata.order == "C"
+        )
+    names = [type(codec).__name__ for codec in metadata.codecs]
+    if names != ["BytesCodec", "ZstdCodec"]:
+        return False
+    bytes_codec, zstd = metadata.codecs
+    endian = getattr(bytes_codec.endian, "value", bytes_codec.endian)
+    return endian in (None, "little") and not zstd.checksum
+
+
+def read_compressed(
+    array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDArray[np.uint8]
+) -> CompressedPanel | None:
+    """The stored chunks of ``array[rows, cols]`` packed into ``out``, with where each piece
+    goes; None when one is missing (its elements are the fill value: decode on the host) or
+    they don't fit in ``out``."""
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    (cm, cn), metadata = array.chunks, array.metadata
+    indices = [
+        (i, j)
+        for i in range(rows[0] // cm, -(-rows[1] // cm))
+        for j in range(cols[0] // cn, -(-cols[1] // cn))
+    ]
+    paths = [array.store_path / metadata.encode_chunk_key(index) for index in indices]
+    prototype = default_buffer_prototype()
+
+    async def fetch() -> list[Any]:
+        return await asyncio.gather(*(path.get(prototype=prototype) for path in paths))
+
+    frames = sync(fetch()) if indices else []
+    if any(frame is None for frame in frames):
+        return None
+    sizes = [len(frame) for frame in frames]
+    starts = [0]
+    for size in sizes:  # nvCOMP wants each frame aligned (16 bytes does for every codec)
+        starts.append(starts[-1] + -(-size // ALIGN) * ALIGN)
+    if starts[-1] > out.nbytes:
+        return None
+    pieces = []
+    for (i, j), frame, size, offset in zip(indices, frames, sizes, starts, strict=False):
+        out[offset : offset + size] = frame.as_numpy_array()
+        r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
+        c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
+        take = (r0 - i * cm, r1 - i * cm, c0 - j * cn, c1 - j * cn)
+        pieces.append(ChunkPiece(offset, size, (cm, cn), take, (r0 - rows[0], c0 - cols[0])))
+    stored = (rows[1] - rows[0]) * (cols[1] - cols[0]) * np.dtype(array.dtype).itemsize
+    dtype = np.dtype(array.dtype).newbyteorder("<").str
+    return CompressedPanel(tuple(pieces), dtype, starts[-1], stored)

@@ -1,0 +1,185 @@
+"""--gpu-decode: zstd chunks staged compressed, decoded and placed on the device.
+
+In the simulator the frames are decoded on the host (numcodecs) in nvCOMP's place and placed by
+the same kernel; on the emulated device the decode takes modelled time on the compute engine;
+on a real GPU (marked `gpu`) nvCOMP decodes them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numcodecs
+import numpy as np
+import pytest
+import zarr
+
+from kernels import cuda_host
+from kernels.buffers import numpy_allocator
+from kernels.device import NumbaDevice
+from kernels.emulated import EmulatedDevice
+from kernels.staged import Panel, StagedProduct
+from pipeline.store.raw_chunks import device_decodable, read_compressed
+
+needs_cuda = pytest.mark.skipif(
+    not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
+)
+tiny_grid = pytest.mark.filterwarnings("ignore:Grid size .* under-utilization")
+SHAPE, CHUNKS = (37, 29), (8, 6)  # edge chunks on both axes
+
+
+def zstd_array(
+    path: Path, dtype: str, zarr_format: int = 3, rounded: bool = False, **extra: Any
+) -> Any:
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal(SHAPE) * 100
+    data = (np.round(data) if rounded else data).astype(dtype)  # rounded: compresses
+    compressor = zarr.codecs.ZstdCodec() if zarr_format == 3 else numcodecs.Zstd()
+    array = zarr.create_array(
+        str(path), shape=SHAPE, chunks=CHUNKS, dtype=dtype, compressors=compressor,
+        zarr_format=zarr_format, **extra,
+    )  # fmt: skip
+    array[...] = data
+    return array
+
+
+@pytest.mark.parametrize(
+    ("kind", "expected"),
+    [
+        ({"zarr_format": 3}, True),
+        ({"zarr_format": 2}, True),
+        ({"zarr_format": 3, "shards": (16, 12)}, False),  # a shard holds many frames
+        ({"zarr_format": 3, "compressors": zarr.codecs.BloscCodec()}, False),
+        ({"zarr_format": 2, "compressors": numcodecs.LZ4()}, False),  # numcodecs' own header
+        ({"zarr_format": 3, "compressors": zarr.codecs.ZstdCodec(checksum=True)}, False),
+        ({"zarr_format": 2, "filters": [numcodecs.Delta("<f4")]}, False),
+    ],
+)
+def test_which_arrays_qualify(tmp_path: Path, kind: dict[str, Any], expected: bool) -> None:
+    fmt = kind.pop("zarr_format")
+    compressors = kind.pop("compressors", None)
+    array = zstd_array(tmp_path / "a.zarr", "float32", fmt, **kind)
+    if compressors is not None:
+        array = zarr.create_array(
+            str(tmp_path / "b.zarr"), shape=SHAPE, chunks=CHUNKS, dtype="float32",
+            compressors=compressors, zarr_format=fmt,
+        )  # fmt: skip
+    assert device_decodable(array) is expected
+
+
+def test_packed_frames_and_placement(tmp_path: Path) -> None:
+    """Every chunk touching the block, each frame 16-byte aligned, each piece's take and place
+    covering the block exactly once."""
+    array = zstd_array(tmp_path / "a.zarr", "float32")
+    out = np.zeros(40_000, np.uint8)
+    panel = read_compressed(array, (3, 30), (5, 29), out)
+    assert panel is not None
+    assert len(panel.pieces) == 4 * 5  # chunk rows 0..3, chunk columns 0..4
+    assert all(p.offset % 16 == 0 for p in panel.pieces)
+    covered = np.zeros((27, 24), int)
+    for p in panel.pieces:
+        r0, r1, c0, c1 = p.take
+        covered[p.at[0] : p.at[0] + r1 - r0, p.at[1] : p.at[1] + c1 - c0] += 1
+        frame = out[p.offset : p.offset + p.size].tobytes()
+        assert len(numcodecs.Zstd().decode(frame)) == 8 * 6 * 4  # whole chunks, edges too
+    assert (covered == 1).all()
+    assert panel.bytes_read == 27 * 24 * 4
+    assert read_compressed(array, (3, 30), (5, 29), np.zeros(100, np.uint8)) is None  # no room
+
+
+def test_missing_chunks_decode_on_the_host(tmp_path: Path) -> None:
+    array = zarr.create_array(
+        str(tmp_path / "a.zarr"), shape=SHAPE, chunks=CHUNKS, dtype="float32",
+        compressors=zarr.codecs.ZstdCodec(),
+    )  # fmt: skip
+    array[:8, :6] = 1.0  # only chunk (0, 0) is stored
+    assert read_compressed(array, (0, 16), (0, 6), np.zeros(10_000, np.uint8)) is None
+
+
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize(("stored", "compute", "fmt"), [
+    ("float32", "float32", 3), ("float32", "float64", 2), ("int16", "float64", 3),
+])  # fmt: skip
+def test_decoded_on_the_device_equals_zarr(
+    tmp_path: Path, stored: str, compute: str, fmt: int
+) -> None:
+    array = zstd_array(tmp_path / "a.zarr", stored, fmt)
+    rows, cols = (3, 30), (5, 29)
+    expected = np.ascontiguousarray(array[3:30, 5:29], dtype=compute)
+    staged = np.zeros(64_000, np.uint8)  # tiny chunks: frames bigger than their elements
+    panel = read_compressed(array, rows, cols, staged)
+    assert panel is not None
+    device = NumbaDevice()
+    stream = device.stream()
+    dev = device.empty(expected.shape, compute)
+    device.decode_into(staged, panel, dev, stream)
+    got = np.full(expected.shape, np.nan, compute)
+    device.copy_to_host(dev, got, stream)
+    stream.synchronize()
+    assert got.tobytes() == expected.tobytes()
+
+
+@needs_cuda
+@tiny_grid
+def test_staged_engine_mixes_compressed_and_decoded_panels(tmp_path: Path) -> None:
+    """A panels decoded on the device, B panels on the host: the product is bitwise the one
+    of panels decoded on the host."""
+    a = zstd_array(tmp_path / "a.zarr", "float32", rounded=True)  # 37 x 29
+    rng = np.random.default_rng(3)
+    b = rng.standard_normal((29, 11)).astype("float32")
+    widths = [(0, 12), (12, 24), (24, 29)]
+    staged = []
+
+    def compressed(k: tuple[int, int]) -> Any:
+        def fill(out: np.ndarray) -> Any:
+            panel = read_compressed(a, (0, 37), k, out.reshape(-1).view(np.uint8))
+            staged.append(panel is not None)
+            return panel if panel is not None else np.copyto(out, a[:, k[0] : k[1]])
+
+        return fill
+
+    def decoded(block: np.ndarray) -> Any:
+        return lambda out: np.copyto(out, block)
+
+    def run(panels: list[Panel]) -> bytes:
+        engine = StagedProduct(NumbaDevice(), (37, 11), "float32", pool(), decode_threads=2)
+        engine.run(panels)
+        return engine.result().tobytes()
+
+    on_device = [Panel(k1 - k0, compressed((k0, k1)), decoded(b[k0:k1])) for k0, k1 in widths]
+    on_host = [Panel(k1 - k0, decoded(a[:, k0:k1]), decoded(b[k0:k1])) for k0, k1 in widths]
+    assert run(on_device) == run(on_host)
+    assert staged == [True, True, True]  # every A panel went compressed
+
+
+def test_emulated_decode_takes_the_compute_engine(tmp_path: Path) -> None:
+    """Compressed bytes over the copy engine, then the decode on the compute engine at the
+    modelled rate (decoded bytes / decode GB/s)."""
+    array = zstd_array(tmp_path / "a.zarr", "float32")
+    staged = np.zeros(64_000, np.uint8)
+    panel = read_compressed(array, (0, 37), (0, 29), staged)
+    assert panel is not None
+    with EmulatedDevice(1.0, 1e-4, decode_gbps=1e-4) as device:  # 0.1 MB/s: visible times
+        stream = device.stream()
+        device.decode_into(staged, panel, device.empty((37, 29), "f4"), stream)
+        stream.synchronize()
+        copy, decode = device.timeline
+    assert (copy.engine, copy.amount) == ("h2d", panel.nbytes)
+    assert (decode.engine, decode.name) == ("compute", "decode")
+    assert decode.amount == 5 * 5 * 8 * 6 * 4  # 25 whole chunks decoded
+    assert decode.start >= copy.end
+    assert decode.end - decode.start == pytest.approx(decode.amount / 1e5, rel=1e-6)
+
+
+@pytest.mark.gpu
+def test_nvcomp_decodes_zarr_zstd_frames(tmp_path: Path) -> None:
+    """On a real GPU: nvCOMP's decode of zarr's frames equals numcodecs'."""
+    test_decoded_on_the_device_equals_zarr(tmp_path, "float32", "float32", 3)
+
+
+def pool() -> Any:
+    from kernels.buffers import BufferPool
+
+    return BufferPool(numpy_allocator, 1 << 24)
