@@ -21,6 +21,7 @@ from kernels.buffers import process_pool
 from kernels.device_decode import CompressedPanel
 from kernels.staged import Panel, StagedProduct, StagedStats
 from pipeline.plan import Tile, row_bands
+from pipeline.plan.device import STAGED_PANELS
 from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec
 from pipeline.run.timing import PhaseTimes
@@ -73,6 +74,7 @@ def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
         spec.compute_dtype,
         pool,
         decode_threads=spec.decode_threads,
+        depth=STAGED_PANELS,  # what the plan's staging memory counts
         serialize=not spec.overlap,
     )
 
