@@ -180,19 +180,21 @@ class MatmulJob:
             decode_threads=plan.decode_threads,
             device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
             overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
-            read_concurrency=self._read_concurrency(),
+            read_concurrency=self._read_concurrency(BACKENDS[backend].make_device is not None),
             gpu_decode=self.options.gpu_decode,
             progress=self.options.progress,
         )
 
-    def _read_concurrency(self) -> int:
-        """2 chunks at once per read from local files (CPU-bound decoding), zarr's default
-        elsewhere; config ``tilegemm.read-concurrency`` overrides (0: zarr's default)."""
+    def _read_concurrency(self, staged: bool) -> int:
+        """From local files (CPU-bound decoding) 2 chunks at once per read, 1 on the staged GPU
+        path, whose decode threads already read side by side (fewer fresh codec buffers: a cold
+        8192² emulated job 1.28 -> 1.11 s, medians of 6); zarr's default elsewhere. Config
+        ``tilegemm.read-concurrency`` overrides (0: zarr's default)."""
         setting = dask.config.get("tilegemm.read-concurrency", "auto")
         if setting != "auto":
             return int(setting)
         local = all(local_path(u) is not None for u in (self.store.a_url, self.store.b_url))
-        return 2 if local else 0
+        return (1 if staged else 2) if local else 0
 
     def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
         """Create OUT (or keep it for --resume) and return the tiles already done."""

@@ -10,7 +10,6 @@ else copied from the cache.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
@@ -43,13 +42,13 @@ def host_pool(budget_bytes: int) -> BufferPool | None:
     return process_pool("host", lazy_host_allocator, budget_bytes) if budget_bytes > 0 else None
 
 
-@functools.cache
 def limit_read_concurrency(chunks: int) -> None:
     """Decode at most ``chunks`` chunks at once per read, for this process (zarr's setting is
-    global, like the BLAS thread count). From local disk, decoding is CPU-bound: zarr's 10 at
-    once only raise the peak of fresh codec buffers. 12288² float32 on 2 cores: 2 instead of
-    10 cut minor faults from 134k-147k to 107k and system time from 2.2-4.8 s to 1.8-2.0 s."""
-    if chunks > 0:
+    global, like the BLAS thread count; the job's TaskSpec says; 0 leaves it). From local disk,
+    decoding is CPU-bound: zarr's 10 at once only raise the peak of fresh codec buffers.
+    12288² float32 on 2 cores: 2 instead of 10 cut minor faults from 134k-147k to 107k and
+    system time from 2.2-4.8 s to 1.8-2.0 s."""
+    if chunks > 0 and zarr.config.get("async.concurrency") != chunks:
         zarr.config.set({"async.concurrency": chunks})
 
 

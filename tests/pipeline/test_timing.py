@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from distributed import Client
+from distributed import Client, get_task_stream
 
 from pipeline import multiply
 from pipeline.run.timing import PHASES, PhaseTimes, add_phases
@@ -79,8 +79,13 @@ def _zarr_concurrency() -> int:
 
 
 def test_local_reads_decode_few_chunks_at_once(tmp_path: Path, client: Client) -> None:
+    """zarr's chunks at once per read, on the workers that ran the tiles: 1 on the GPU feed
+    (its decode threads read side by side), 2 on the CPU path (CPU-bound decode)."""
     rng = np.random.default_rng(6)
     a = write_array(tmp_path / "a.zarr", random_matrix(rng, (300, 200), "float32"), (100, 100))
     b = write_array(tmp_path / "b.zarr", random_matrix(rng, (200, 300), "float32"), (100, 100))
-    multiply(a, b, str(tmp_path / "c.zarr"), client=client)
-    assert set(client.run(_zarr_concurrency).values()) == {2}  # local files: CPU-bound decode
+    for backend, chunks in (("emulated", 1), ("cpu", 2)):
+        with get_task_stream(client) as stream:
+            multiply(a, b, str(tmp_path / "c.zarr"), client=client, backend=backend, overwrite=True)
+        workers = {e["worker"] for e in stream.data if str(e["key"]).startswith("matmul-")}
+        assert set(client.run(_zarr_concurrency, workers=list(workers)).values()) == {chunks}
