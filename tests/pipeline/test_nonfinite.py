@@ -287,3 +287,28 @@ def test_verify_lines(fields: dict[str, Any], line: str, error: str | None) -> N
     result = VerifyResult(rounds=2, failing_row_blocks=blocks, **fields)
     assert format_verify(result) == line
     assert error is None or format_verify_error(result) == error
+
+
+def test_resume_keeps_tiles_whose_product_is_nan(tmp_path: Path, client: Client) -> None:
+    """Completeness comes from the journal, never from NaN (OUT's fill): a resumed job skips
+    finished tiles holding real NaN and redoes only a tile whose journal entry is gone."""
+    rng = np.random.default_rng(9)
+    a, b = random_matrix(rng, (1100, 50), "float32"), random_matrix(rng, (50, 1000), "float32")
+    a, b = poison(a, [(3, 7), (900, 0)], [np.nan, np.inf]), poison(b, [(10, 600)], [np.nan])
+    urls = (
+        write_array(tmp_path / "a.zarr", a, (256, 25)),
+        write_array(tmp_path / "b.zarr", b, (25, 250)),
+        str(tmp_path / "c.zarr"),
+    )
+    multiply(*urls, client=client)
+    out = Path(urls[2])
+    before = zarr.open_array(urls[2], mode="r")[:]
+    assert np.isnan(before).any()
+    journal = sorted((out / "journal").iterdir())
+    assert len(journal) >= 2
+    journal[0].unlink()
+    resumed = multiply(*urls, client=client, resume=True)
+    assert (resumed.tiles_computed, resumed.tiles_skipped) == (1, len(journal) - 1)
+    after = zarr.open_array(urls[2], mode="r")[:]
+    assert after.tobytes() == before.tobytes()
+    assert_product(after, a, b)
