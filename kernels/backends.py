@@ -58,6 +58,11 @@ class BackendSpec:
     device (kernels.device protocol). None: the accumulator is driven panel by panel."""
     explicit_only: bool = False
     """Never chosen by "auto"."""
+    calibrates: bool = False
+    """A real device: its rates are measured on the workers before planning."""
+    modelled: bool = False
+    """A modelled device: its figures come from configuration (``tilegemm.emulated.*``), and
+    it needs no libraries (nvCOMP for --gpu-decode) on the workers."""
 
     def takes(self, dtype: str) -> bool:
         return self.dtypes is None or dtype in self.dtypes
@@ -135,6 +140,7 @@ BACKENDS: dict[str, BackendSpec] = {
             # Our register-blocked kernel: assumed, not measured (no GPU here).
             flops_fraction=0.25,
             make_device=_numba_device,
+            calibrates=True,
         ),
         BackendSpec("cpu", None, "cpu", CPU_GEMM_BLOCK, lambda: True, _cpu_accumulator, "", ""),
         BackendSpec(
@@ -162,11 +168,16 @@ BACKENDS: dict[str, BackendSpec] = {
             flops_fraction=1.0,
             make_device=_emulated_device,
             explicit_only=True,
+            modelled=True,
         ),
     )
 }
 AUTO = "auto"
 CHOICES = (AUTO, *BACKENDS)
+CPU = "cpu"
+"""What "auto" becomes without a GPU on every worker, and what a plan assumes before then."""
+AUTO_GPU = "cuda"
+"""What "auto" becomes when every worker has a GPU and the dtype suits it."""
 
 
 def staged_backends() -> tuple[str, ...]:

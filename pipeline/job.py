@@ -22,7 +22,7 @@ from distributed import Client
 
 from cluster import ClusterSpec
 from kernels.allocators import PAGE
-from kernels.backends import AUTO, BACKENDS
+from kernels.backends import AUTO, BACKENDS, CPU, get_backend
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
 from pipeline.plan.device import (
     STAGED_PANELS,
@@ -123,7 +123,7 @@ class MatmulJob:
         """The same job planned for the workers of ``client`` (and a resolved backend)."""
         chosen = backend or planning_backend(self.options.backend)
         live = describe_workers(client)
-        if chosen == "cuda":  # a real GPU's figures, measured there (None in the simulator)
+        if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
             live["device"] = calibrated_device(client)
         plan = plan_for(self.a, self.b, self.options, self.state, live, chosen)
         return replace(self, plan=plan)
@@ -164,6 +164,7 @@ class MatmulJob:
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
         rows, cols = plan.grid
         pairs = plan.busy_threads * plan.panel_pair_bytes
+        spec = get_backend(backend)
         return TaskSpec(
             self.store,
             backend,
@@ -178,9 +179,9 @@ class MatmulJob:
             buffer_bytes=plan.cache_bytes + 3 * pairs,
             staging_bytes=(STAGED_PANELS + 1) * (pairs + 2 * plan.busy_threads * PAGE),
             decode_threads=plan.decode_threads,
-            device_params=tuple(emulated_params().items()) if backend == "emulated" else (),
+            device_params=tuple(emulated_params().items()) if spec.modelled else (),
             overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
-            read_concurrency=self._read_concurrency(BACKENDS[backend].make_device is not None),
+            read_concurrency=self._read_concurrency(spec.make_device is not None),
             gpu_decode=self.options.gpu_decode,
             progress=self.options.progress,
         )
@@ -222,7 +223,7 @@ class MatmulJob:
 
 def planning_backend(requested: str) -> str:
     """The backend to plan for before the workers are asked: the one named, else the CPU."""
-    return "cpu" if requested == AUTO else requested
+    return CPU if requested == AUTO else requested
 
 
 def plan_for(
@@ -231,7 +232,7 @@ def plan_for(
     options: JobOptions,
     state: dict[str, Any] | None,
     live: dict[str, Any] | None,
-    backend: str = "cpu",
+    backend: str = CPU,
 ) -> MatmulPlan:
     """``live``: describe_workers() of a running cluster, or None before one is started.
     ``backend``: a resolved one, or the one asked for (GPU backends plan for their device)."""

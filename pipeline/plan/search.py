@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends import CPU_GEMM_BLOCK, get_backend
+from kernels.backends import CPU, CPU_GEMM_BLOCK, get_backend
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
 from pipeline.plan.device import DeviceModel
 from pipeline.plan.gpu import first_band_rows, fits, with_device
@@ -66,7 +66,7 @@ def plan_matmul(
     panel_width: int | None = None,
     tile_shape: tuple[int, int] | None = None,
     cache_fraction: float = 0.5,
-    backend: str = "cpu",
+    backend: str = CPU,
     device: DeviceModel | None = None,
     decode_threads: int = 1,
     output: OutputSpec | None = None,

@@ -13,7 +13,15 @@ from typing import Any
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
-from kernels.backends import AUTO, BACKENDS, BackendSpec, get_backend, probe_devices
+from kernels.backends import (
+    AUTO,
+    AUTO_GPU,
+    BACKENDS,
+    CPU,
+    BackendSpec,
+    get_backend,
+    probe_devices,
+)
 from pipeline.errors import (
     BackendUnavailableError,
     ClusterError,
@@ -53,11 +61,11 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
         raise BackendUnavailableError("the cluster has no workers to run on")
     if requested != AUTO:
         return _check_named(get_backend(requested), devices, compute_dtype)
-    cuda = BACKENDS["cuda"]
+    gpu = BACKENDS[AUTO_GPU]
     all_gpu = all(d.get("gpu") for d in devices.values())
-    chosen = "cuda" if all_gpu and cuda.takes(compute_dtype) else "cpu"
-    reason = "a GPU on every worker" if chosen == "cuda" else "no GPU visible to the workers"
-    if all_gpu and chosen == "cpu":
+    chosen = AUTO_GPU if all_gpu and gpu.takes(compute_dtype) else CPU
+    reason = "a GPU on every worker" if chosen == AUTO_GPU else "no GPU visible to the workers"
+    if all_gpu and chosen == CPU:
         reason = f"{compute_dtype} is not a GPU dtype"
     log.info("backend: %s (%s)", chosen, reason)
     return chosen
@@ -74,7 +82,7 @@ def check_gpu_decode(client: Client, backend: str) -> None:
     from kernels.cuda_host import simulated
     from kernels.device_decode import nvcomp_available
 
-    if backend == "emulated" or all(client.run(simulated).values()):
+    if get_backend(backend).modelled or all(client.run(simulated).values()):
         return
     lacking = sorted(w for w, ok in client.run(nvcomp_available).items() if not ok)
     if lacking:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import dask
 from distributed import Client
 
+from kernels.backends import get_backend
 from kernels.device import worker_device_figures
 from kernels.emulated import DECODE_GBPS
 from pipeline.errors import UsageError
@@ -24,7 +25,7 @@ def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str)
     configured device class's defaults (``tilegemm.device-class``); capped by
     --device-memory-limit."""
     model = (live or {}).get("device")
-    if backend == "emulated":
+    if get_backend(backend).modelled:
         p = emulated_params()
         memory = int(p.get("memory_bytes") or 80 * 2**30)
         model = DeviceModel(
