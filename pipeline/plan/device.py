@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.allocators import PAGE
+
 DECODE_BYTES_PER_SECOND = 0.6e9
 """Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
 STORAGE_BYTES_PER_SECOND = 2e9
@@ -107,8 +109,9 @@ def gpu_task_bytes(
     """Host (pinned staging) and device bytes of one staged GPU tile task.
 
     Host: STAGED_PANELS + 1 panel pairs decoded in the stored dtype and, when it differs, cast to
-    the compute dtype, plus a band copied back and cast for writing; the accumulator lives on
-    the device. Device: the accumulator and DEVICE_SLOTS panel pairs.
+    the compute dtype; for the last panel the engine's two band buffers, the copies handed to
+    the writer (one being written, one being made) and the cast for writing. The accumulator
+    lives on the device. Device: the accumulator and DEVICE_SLOTS panel pairs.
     """
     tm, tn = tile_shape
     a_dtype, b_dtype, compute, out = (np.dtype(d) for d in dtypes)
@@ -116,9 +119,25 @@ def gpu_task_bytes(
     a_item = a_dtype.itemsize + (c if a_dtype != compute else 0)
     b_item = b_dtype.itemsize + (c if b_dtype != compute else 0)
     staged = (STAGED_PANELS + 1) * (tm * a_item + tn * b_item) * panel_width  # + the one copying
-    band = band_rows * tn * (c + out.itemsize)
+    band = band_rows * tn * (4 * c + out.itemsize)
     device = tm * tn * c + DEVICE_SLOTS * (tm + tn) * panel_width * c
     return staged + band, device
+
+
+def staging_pool_bytes(
+    *, tile_shape: tuple[int, int], panel_width: int, compute_dtype: str, band_rows: int, tasks: int
+) -> int:
+    """The budget of a worker's pinned staging pool: what its ``tasks`` staged engines lease at
+    most at once, each STAGED_PANELS + 1 panel pairs and the last panel's two band buffers in
+    the compute dtype (the pool rounds every array up to whole pages)."""
+    tm, tn = tile_shape
+    c = np.dtype(compute_dtype).itemsize
+    pair = _pages(tm * panel_width * c) + _pages(panel_width * tn * c)
+    return tasks * ((STAGED_PANELS + 1) * pair + 2 * _pages(band_rows * tn * c))
+
+
+def _pages(nbytes: int) -> int:
+    return -(-nbytes // PAGE) * PAGE
 
 
 def makespan(seconds: dict[str, float], fill_seconds: float) -> float:

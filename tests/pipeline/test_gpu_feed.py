@@ -11,6 +11,7 @@ import pytest
 import zarr
 
 from benchmarks import gpu_feed
+from pipeline.plan.gpu import first_band_rows
 from tests.helpers import random_matrix
 
 N, CHUNK = 3072, 512
@@ -109,3 +110,25 @@ def test_real_gpu_feed_prints_measured_and_model(
     assert gpu_feed.main([*operands, "--real"]) == 0
     out = capsys.readouterr().out
     assert "measured" in out and "model" in out and out.strip().endswith("s (measured)")
+
+
+def test_narrow_panels_leave_room_for_the_band_buffers(tmp_path: Path) -> None:
+    """The pinned pool's budget (planned) holds the last panel's two band buffers, also when
+    they are bigger than the staged panel pairs (narrow K chunks, wide tiles)."""
+    rng = np.random.default_rng(8)
+    a = zarr.create_array(
+        tmp_path / "a.zarr", data=random_matrix(rng, (1024, 96), "float32"), chunks=(1024, 16)
+    )
+    b = zarr.create_array(
+        tmp_path / "b.zarr", data=random_matrix(rng, (96, 1024), "float32"), chunks=(16, 1024)
+    )
+    from pipeline import prepare
+
+    job = prepare(a, b, str(tmp_path / "c.zarr"), backend="emulated")
+    plan = job.plan
+    bands = 2 * 4 * plan.tile_shape[1] * first_band_rows(plan.tile_shape[0], plan.block_shape[0])
+    assert bands > 2 * plan.panel_pair_bytes  # the case: bands outweigh the staged panels
+    settings = {"tilegemm.emulated.tflops": 100.0, "tilegemm.emulated.h2d-gbps": 50.0}
+    with dask.config.set(settings):
+        report = gpu_feed.run(str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"))
+    assert report["plan"].n_tiles >= 1 and report["window"] > 0
