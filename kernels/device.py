@@ -72,9 +72,10 @@ class Device(Protocol):
 
     def decode_into(
         self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
-    ) -> None:
+    ) -> object:
         """Queue: copy ``panel``'s compressed chunks (the start of ``staged``) to the device,
-        decode them there and place them into ``dev`` (kernels.device_decode)."""
+        decode them there and place them into ``dev`` (kernels.device_decode). Returns what
+        the queued work reads: hold it until the stream has passed this point."""
 
 
 class NumbaDevice:
@@ -158,8 +159,8 @@ class NumbaDevice:
 
     def decode_into(
         self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
-    ) -> None:
-        decode_on_device(staged, panel, dev, stream)
+    ) -> object:
+        return decode_on_device(staged, panel, dev, stream)
 
     def kernel_seconds(self) -> float:
         """Device time of the kernels launched while ``record_kernels`` was on (CUDA events;

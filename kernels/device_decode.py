@@ -61,27 +61,32 @@ def nvcomp_available() -> bool:
 
 def decode_on_device(
     staged: NDArray[np.uint8], panel: CompressedPanel, dest: Any, stream: Any
-) -> None:
+) -> Any:
     """Queue on ``stream``: copy the compressed frames in, decode them, place every piece
-    into the device array ``dest``. ``staged`` must stay untouched until the copy is done."""
+    into the device array ``dest``. ``staged`` must stay untouched until the copy is done.
+
+    Returns what the queued work reads (the compressed and decoded device buffers): hold it
+    until the stream has passed this point. nvCOMP's decode parses the frames first, so the
+    call waits for the copy in (and what the stream queued before it)."""
     from numba import cuda
 
     from kernels.cuda_host import launch_lock, simulated
 
     if not panel.pieces:
-        return
+        return None
     if simulated():
         chunks = [_host_decoded(staged, piece, panel.dtype, stream) for piece in panel.pieces]
     else:
         compressed = cuda.device_array(panel.nbytes, dtype=np.uint8, stream=stream)
         compressed.copy_to_device(staged[: panel.nbytes], stream=stream)
-        chunks = _nvcomp_decoded(compressed, panel, stream)
+        chunks = _nvcomp_decoded(compressed, panel, stream)  # views owning nvCOMP's batch
     for chunk, piece in zip(chunks, panel.pieces, strict=True):
         r0, r1, c0, c1 = piece.take
         i, j = piece.at
         part, into = chunk[r0:r1, c0:c1], dest[i : i + r1 - r0, j : j + c1 - c0]
         with launch_lock():
             _place_kernel()[_grid(part.shape), (16, 16), stream](part, into)
+    return chunks
 
 
 def _host_decoded(staged: NDArray[np.uint8], piece: ChunkPiece, dtype: str, stream: Any) -> Any:
@@ -107,8 +112,14 @@ def _nvcomp_decoded(compressed: Any, panel: CompressedPanel, stream: Any) -> lis
         compressed, [p.offset for p in panel.pieces], [p.size for p in panel.pieces], handle
     )
     decoded = codec.decode(batch, data_type=np.dtype(panel.dtype).str)
+    # The batch owns the decoded memory (an index of it is a view that must not outlive it):
+    # every numba view keeps it, and the compressed input, alive.
+    keep = (decoded, batch, compressed)
     return [
-        cuda.as_cuda_array(decoded[i]).reshape(piece.shape) for i, piece in enumerate(panel.pieces)
+        cuda.from_cuda_array_interface(
+            decoded[i].__cuda_array_interface__, owner=keep, sync=False
+        ).reshape(piece.shape)
+        for i, piece in enumerate(panel.pieces)
     ]
 
 
@@ -119,12 +130,13 @@ def _stream_handle(stream: Any) -> int:
 
 
 def _grid(shape: tuple[int, int]) -> tuple[int, int]:
-    return max((shape[0] + 15) // 16, 1), max((shape[1] + 15) // 16, 1)
+    """Blocks of 16 x 16 threads: x along columns, so a warp reads along a row."""
+    return max((shape[1] + 15) // 16, 1), max((shape[0] + 15) // 16, 1)
 
 
 _PLACE = """
 def place(src, dest):
-    i, j = cuda.grid(2)
+    j, i = cuda.grid(2)
     if i < src.shape[0] and j < src.shape[1]:
         dest[i, j] = src[i, j]  # numba casts as numpy's astype does
 """

@@ -196,7 +196,7 @@ class EmulatedDevice:
 
     def decode_into(
         self, staged: NDArray[Any], panel: CompressedPanel, dev: DeviceBuffer, stream: Stream
-    ) -> None:
+    ) -> object:
         """The compressed bytes over the copy engine, then decoding on the compute engine (as
         nvCOMP's kernels share the GPU with the gemms) at ``decode_gbps`` of decoded bytes."""
         if panel.nbytes > staged.nbytes:
@@ -205,6 +205,7 @@ class EmulatedDevice:
         decoded = sum(p.shape[0] * p.shape[1] * itemsize for p in panel.pieces)
         self._submit(stream, "h2d", "copy_compressed", panel.nbytes)
         self._submit(stream, "compute", "decode", decoded, self.decode_bytes_per_second)
+        return None
 
     # --- measuring ----------------------------------------------------------------------------
 

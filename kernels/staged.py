@@ -148,7 +148,8 @@ class _Run:
         self.next: Panel | None = next(source, None)
         self.staged: deque[_Staged] = deque()
         self.current: _Staged | None = None  # out of the queue, copies not yet queued
-        self.copying: list[tuple[Event, Lease]] = []  # back to the pool once the event passed
+        self.copying: list[tuple[Event, Lease, list[object]]] = []
+        """Leases back to the pool, and device buffers dropped, once the event passed."""
 
     def loop(self, finished: Finished | None, bands: list[tuple[int, int]]) -> None:
         serialize, s = self.engine.serialize, self.streams
@@ -213,17 +214,18 @@ class _Run:
             )
         elif slot.free is not None:
             slot.free.wait(self.streams.h2d)
+        keep: list[object] = []  # what queued decodes read
         for host, dev, filled in ((a, slot.a, got[0]), (b, slot.b, got[1])):
             if isinstance(filled, CompressedPanel):  # decoded on the device
                 staged = host.reshape(-1).view(np.uint8)
-                self.device.decode_into(staged, filled, dev, self.streams.h2d)
+                keep.append(self.device.decode_into(staged, filled, dev, self.streams.h2d))
                 self.stats.bytes_h2d += filled.nbytes
             else:
                 self.device.copy_to_device(host, dev, self.streams.h2d)
                 self.stats.bytes_h2d += host.nbytes
         copied = _recorded(self.device, self.streams.h2d)
         copied.wait(self.streams.compute)
-        self.copying.append((copied, item.lease))
+        self.copying.append((copied, item.lease, keep))
         self.current = None
         return slot
 
@@ -261,7 +263,7 @@ class _Run:
         return lease
 
     def release(self) -> None:
-        for copied, lease in self.copying:
+        for copied, lease, _ in self.copying:
             copied.synchronize()
             lease.release()
         self.copying.clear()
