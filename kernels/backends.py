@@ -174,6 +174,7 @@ BACKENDS: dict[str, BackendSpec] = {
 }
 AUTO = "auto"
 CHOICES = (AUTO, *BACKENDS)
+"""What --backend accepts."""
 CPU = "cpu"
 """What "auto" becomes without a GPU on every worker, and what a plan assumes before then."""
 AUTO_GPU = "cuda"
@@ -183,9 +184,6 @@ AUTO_GPU = "cuda"
 def staged_backends() -> tuple[str, ...]:
     """Backends driven by the staged engine (a device of their own)."""
     return tuple(name for name, spec in BACKENDS.items() if spec.make_device is not None)
-
-
-"""What --backend accepts."""
 
 
 def get_backend(name: str) -> BackendSpec:

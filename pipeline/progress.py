@@ -106,12 +106,13 @@ class ProgressLine:
 class CheckLine:
     """verify's line, in the same style: blocks checked (B's passes, then A's and C's row
     blocks), bytes read, and an ETA from the bytes still to read. ``update`` counts the
-    watched futures that are done (polled: no callbacks into the client's event loop)."""
+    watched futures that are done (polled: no callbacks into the client's event loop) and lets
+    go of them, so their results leave the cluster when verify is done with them."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
         self.enabled, self.stream = enabled, stream or sys.stderr
         self.started = time.perf_counter()
-        self.blocks = self.bytes = 0
+        self.blocks = self.bytes = self.done = self.bytes_read = 0
         self._watched: list[tuple[Any, int]] = []
 
     def expect(self, blocks: int, nbytes: int) -> None:
@@ -127,14 +128,21 @@ class CheckLine:
         self._watched.append((future, nbytes))
 
     def update(self) -> None:
+        pending = []
+        for future, nbytes in self._watched:
+            if future.done():
+                self.done += 1
+                self.bytes_read += nbytes
+            else:
+                pending.append((future, nbytes))
+        self._watched = pending
         self.draw()
 
     def text(self) -> str:
         elapsed = time.perf_counter() - self.started
-        finished = [nbytes for future, nbytes in self._watched if future.done()]
-        read = sum(finished)
+        read = self.bytes_read
         eta = max(self.bytes - read, 0) * elapsed / read if read else None
-        return f"verify | blocks {len(finished)}/{self.blocks} | {_tail(read, elapsed, eta)}"
+        return f"verify | blocks {self.done}/{self.blocks} | {_tail(read, elapsed, eta)}"
 
     def draw(self) -> None:
         if self.enabled:

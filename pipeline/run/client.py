@@ -76,8 +76,9 @@ def check_gpu_decode(client: Client, backend: str) -> None:
     simulator decodes on the host in its place; the emulated device models it)."""
     if not get_backend(backend).make_device:
         raise UsageError(
-            f"--gpu-decode decodes on the GPU, but the job runs on the {backend} backend (no GPU "
-            "on the workers); drop --gpu-decode or run on GPU workers"
+            f"--gpu-decode decodes on the GPU, but the job runs on the {backend} backend (auto "
+            "found no GPU on every worker, or a dtype no GPU backend takes); drop --gpu-decode "
+            "or ask for --backend cuda"
         )
     from kernels.cuda_host import simulated
     from kernels.device_decode import nvcomp_available
@@ -88,7 +89,7 @@ def check_gpu_decode(client: Client, backend: str) -> None:
     if lacking:
         raise BackendUnavailableError(
             f"--gpu-decode needs nvCOMP's Python package on every worker; {len(lacking)} lack "
-            f"it (e.g. {lacking[0]}): pip install nvidia-nvcomp-cu12 there, or drop --gpu-decode"
+            f"it (e.g. {lacking[0]}): pip install nvidia-nvcomp-cu13 there, or drop --gpu-decode"
         )
 
 
