@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -27,6 +28,9 @@ from pipeline.plan.layout import dimension_names
 from pipeline.store import inputs
 from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
+from pipeline.store.raw_chunks import device_decodable
+
+log = logging.getLogger("pipeline")
 
 Pair = str | Sequence[int]
 """``"RxC"`` or ``(rows, columns)``."""
@@ -104,6 +108,8 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     arrays = [inputs.open_input(url, store.storage_options, name) for name, url in names]
     for array, (name, url) in zip(arrays, names, strict=True):
         inputs.check_encoding(array, name, url)
+    if options.gpu_decode:
+        _check_device_decodable(arrays, names)
     a_spec, b_spec = inputs.array_spec(arrays[0], "A"), inputs.array_spec(arrays[1], "B")
     output = Output(store.out_url, store.storage_options)
     output.check_path([store.a_url, store.b_url])
@@ -149,6 +155,20 @@ def multiply(
         progress=progress, cluster=cluster, report=report,
     )  # fmt: skip
     return job.execute(client)
+
+
+def _check_device_decodable(arrays: list[Any], names: tuple[tuple[str, str], ...]) -> None:
+    """--gpu-decode needs chunks stored as plain zstd frames: refused when neither input has
+    them (nothing would be decoded on the GPU), a warning when one lacks them."""
+    host = [name for a, (name, _) in zip(arrays, names, strict=True) if not device_decodable(a)]
+    why = "chunks that are not plain zstd frames (sharded, Blosc, LZ4, filters or a checksum)"
+    if len(host) == len(arrays):
+        raise UsageError(
+            f"--gpu-decode: A and B both have {why}, so nothing would be decoded on the GPU; "
+            "drop --gpu-decode, or rewrite them with zarr's default zstd codec and no sharding"
+        )
+    for name in host:
+        log.warning("--gpu-decode: %s has %s; it is decoded on the host", name, why)
 
 
 def _bytes(size: int | str | None) -> int | None:

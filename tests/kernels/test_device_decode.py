@@ -183,3 +183,30 @@ def pool() -> Any:
     from kernels.buffers import BufferPool
 
     return BufferPool(numpy_allocator, 1 << 24)
+
+
+def test_prepare_refuses_inputs_with_no_zstd_frames(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--gpu-decode with neither input decodable on the GPU is refused before anything runs;
+    with one, the other is named as decoded on the host."""
+    from pipeline import prepare
+    from pipeline.errors import UsageError
+
+    blosc = {"compressors": zarr.codecs.BloscCodec()}
+    a = zarr.create_array(
+        str(tmp_path / "a.zarr"), shape=(8, 6), chunks=(4, 3), dtype="f4", **blosc
+    )
+    b = zarr.create_array(
+        str(tmp_path / "b.zarr"), shape=(6, 5), chunks=(3, 5), dtype="f4", **blosc
+    )
+    z = zstd_array(tmp_path / "z.zarr", "float32")  # 37 x 29
+    with pytest.raises(UsageError, match="A and B both have chunks that are not plain zstd"):
+        prepare(a, b, str(tmp_path / "c.zarr"), backend="emulated", gpu_decode=True)
+    assert not (tmp_path / "c.zarr").exists()
+    zb = zarr.create_array(
+        str(tmp_path / "zb.zarr"), shape=(29, 5), chunks=(8, 5), dtype="f4", **blosc
+    )
+    with caplog.at_level("WARNING", logger="pipeline"):
+        prepare(z, zb, str(tmp_path / "c.zarr"), backend="emulated", gpu_decode=True)
+    assert "B has chunks that are not plain zstd frames" in caplog.text
