@@ -10,7 +10,8 @@ and handed to the caller's writer while the next band computes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -20,11 +21,13 @@ from kernels.backends import get_backend
 from kernels.buffers import owned_array, process_pool
 from kernels.device_decode import CompressedPanel
 from kernels.staged import Panel, StagedProduct, StagedStats
+from pipeline.errors import PipelineError
 from pipeline.plan import Tile, row_bands
 from pipeline.plan.device import STAGED_PANELS
 from pipeline.run.reading import host_pool, open_task, read_panel
 from pipeline.run.spec import TaskSpec
 from pipeline.run.timing import PhaseTimes
+from pipeline.store import inputs
 from pipeline.store.raw_chunks import device_decodable, read_compressed
 
 Finished = Callable[[tuple[int, int], NDArray[Any]], None]
@@ -35,7 +38,8 @@ def product(
 ) -> tuple[NDArray[Any], int]:
     """(the tile's partial product on the host, bytes decoded) over the given K panels."""
     engine = _engine(spec, tile)
-    stats = engine.run(_panels(spec, tile, panels, clock))
+    with _named_bad_chunks(spec, tile, panels):
+        stats = engine.run(_panels(spec, tile, panels, clock))
     _account(stats, clock)
     with clock.measure("copy"):
         return engine.result(), stats.bytes_decoded
@@ -59,9 +63,29 @@ def product_bands(
 
     engine = _engine(spec, tile)
     bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
-    stats = engine.run(_panels(spec, tile, panels, clock), hand_over, bands)
+    with _named_bad_chunks(spec, tile, panels):
+        stats = engine.run(_panels(spec, tile, panels, clock), hand_over, bands)
     _account(stats, clock)
     return stats.bytes_decoded
+
+
+@contextlib.contextmanager
+def _named_bad_chunks(
+    spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
+) -> Iterator[None]:
+    """With --gpu-decode a corrupt chunk fails on the device, in nvCOMP's words: read the
+    task's panels on the host then, so that the error names the chunk as the host path does."""
+    try:
+        yield
+    except PipelineError:
+        raise
+    except Exception:
+        if spec.gpu_decode:
+            a, b, _ = open_task(spec, tile, panels)
+            for k in panels:
+                inputs.read_block(a, tile.rows, k, spec.compute_dtype, "A", spec.store.a_url)
+                inputs.read_block(b, k, tile.cols, spec.compute_dtype, "B", spec.store.b_url)
+        raise
 
 
 def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:

@@ -20,6 +20,7 @@ import zarr
 from distributed import Client, get_task_stream
 
 from pipeline import multiply
+from pipeline.errors import InputError
 from tests.helpers import assert_product, random_matrix, write_array
 
 pytest.importorskip("dask_cuda")
@@ -175,3 +176,19 @@ def test_gpu_decode_gives_the_same_bytes(cuda_client: Client, tmp_path: Path) ->
     host, device = (zarr.open_array(out, mode="r")[:] for out in outs)
     assert device.tobytes() == host.tobytes()
     assert_product(device, a, b)
+
+
+def test_gpu_decode_names_a_corrupt_chunk(cuda_client: Client, tmp_path: Path) -> None:
+    """A chunk that fails to decode on the device is named as the host path names it."""
+    rng = np.random.default_rng(12)
+    a = np.round(random_matrix(rng, (40, 24), "float32") * 50)
+    b = np.round(random_matrix(rng, (24, 30), "float32") * 50)
+    a_url = write_array(tmp_path / "a.zarr", a, (16, 12))
+    b_url = write_array(tmp_path / "b.zarr", b, (12, 16))
+    chunk = tmp_path / "a.zarr" / "c" / "1" / "0"
+    chunk.write_bytes(chunk.read_bytes()[:-9] + b"corrupted")
+    with pytest.raises(
+        InputError, match=r"A \(.*a\.zarr\) has a chunk that cannot be read: .*c/1/0"
+    ):
+        multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=cuda_client, backend="cuda",
+                 gpu_decode=True)  # fmt: skip
