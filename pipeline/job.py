@@ -23,8 +23,8 @@ from distributed import Client
 from cluster import ClusterSpec
 from kernels.backends import AUTO, BACKENDS, CPU, get_backend
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
-from pipeline.plan.device import default_decode_threads, staging_pool_bytes
-from pipeline.plan.gpu import first_band_rows
+from pipeline.plan.device import default_decode_threads
+from pipeline.plan.gpu import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.report import add_to_report, format_plan, report_context
 from pipeline.run.client import (
@@ -174,22 +174,13 @@ class MatmulJob:
             panel_uses=(cols, rows),
             # Panels in the cache, in use and prefetched (a full pool falls back to fresh).
             buffer_bytes=plan.cache_bytes + 3 * pairs,
-            staging_bytes=self._staging_bytes(plan) if spec.make_device else 0,
+            staging_bytes=staging_bytes(plan) if spec.make_device else 0,
             decode_threads=plan.decode_threads,
             device_params=tuple(emulated_params().items()) if spec.modelled else (),
             overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
             read_concurrency=self._read_concurrency(spec.make_device is not None),
             gpu_decode=self.options.gpu_decode,
             progress=self.options.progress,
-        )
-
-    def _staging_bytes(self, plan: MatmulPlan) -> int:
-        return staging_pool_bytes(
-            tile_shape=plan.tile_shape,
-            panel_width=plan.panel_width,
-            compute_dtype=plan.compute_dtype,
-            band_rows=first_band_rows(plan.tile_shape[0], (plan.block_shape or (1, 1))[0]),
-            tasks=plan.busy_threads,
         )
 
     def _read_concurrency(self, staged: bool) -> int:

@@ -14,6 +14,7 @@ from pipeline.plan.device import (
     gpu_task_bytes,
     makespan,
     resource_seconds,
+    staging_pool_bytes,
 )
 from pipeline.plan.matmul import TASK_OVERHEAD_SECONDS, MatmulPlan, ceil_div, row_bands
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
@@ -70,6 +71,17 @@ def with_device(
         resource_seconds=tuple(seconds.items()),
         modelled_seconds=makespan(seconds, fill),
         decode_threads=decode_threads,
+    )
+
+
+def staging_bytes(plan: MatmulPlan) -> int:
+    """The budget of a worker's pinned staging pool for ``plan`` (staging_pool_bytes)."""
+    return staging_pool_bytes(
+        tile_shape=plan.tile_shape,
+        panel_width=plan.panel_width,
+        compute_dtype=plan.compute_dtype,
+        band_rows=first_band_rows(plan.tile_shape[0], (plan.block_shape or (1, 1))[0]),
+        tasks=plan.busy_threads,
     )
 
 
