@@ -19,7 +19,29 @@ Counts = tuple[int, int, int]
 """K panels, flops, bytes read."""
 
 
-class ProgressLine:
+class _Line:
+    """One updating line on a terminal: ``draw`` rewrites it from ``text()``, ``close`` ends it;
+    both do nothing when disabled."""
+
+    def __init__(self, enabled: bool, stream: TextIO | None) -> None:
+        self.enabled, self.stream = enabled, stream or sys.stderr
+        self.started = time.perf_counter()
+
+    def text(self) -> str:
+        raise NotImplementedError
+
+    def draw(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + self.text() + "\x1b[K")
+            self.stream.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+class ProgressLine(_Line):
     def __init__(
         self,
         tiles: int,
@@ -29,12 +51,11 @@ class ProgressLine:
         estimate: float | None = None,
         panels: int = 0,
     ) -> None:
-        self.tiles, self.flops, self.enabled = tiles, max(flops, 1), enabled
+        super().__init__(enabled, stream)
+        self.tiles, self.flops = tiles, max(flops, 1)
         self.panels = panels
         """K panels of every tile to compute, summed."""
         self.estimate = estimate
-        self.stream = stream or sys.stderr
-        self.started = time.perf_counter()
         self.done_tiles = 0
         self._finished: Counts = (0, 0, 0)
         self._finished_tiles: set[tuple[int, int]] = set()
@@ -92,26 +113,15 @@ class ProgressLine:
             f"{rate / 1e9:.1f} GFLOP/s | {_tail(bytes_read, elapsed, eta)}"
         )
 
-    def draw(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + self.text() + "\x1b[K")
-            self.stream.flush()
 
-    def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\n")
-            self.stream.flush()
-
-
-class CheckLine:
+class CheckLine(_Line):
     """verify's line, in the same style: blocks checked (B's passes, then A's and C's row
     blocks), bytes read, and an ETA from the bytes still to read. ``update`` counts the
     watched futures that are done (polled: no callbacks into the client's event loop) and lets
     go of them, so their results leave the cluster when verify is done with them."""
 
     def __init__(self, enabled: bool, stream: TextIO | None = None) -> None:
-        self.enabled, self.stream = enabled, stream or sys.stderr
-        self.started = time.perf_counter()
+        super().__init__(enabled, stream)
         self.blocks = self.bytes = self.done = self.bytes_read = 0
         self._watched: list[tuple[Any, int]] = []
 
@@ -144,16 +154,9 @@ class CheckLine:
         eta = max(self.bytes - read, 0) * elapsed / read if read else None
         return f"verify | blocks {self.done}/{self.blocks} | {_tail(read, elapsed, eta)}"
 
-    def draw(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + self.text() + "\x1b[K")
-            self.stream.flush()
-
     def close(self) -> None:
-        if self.enabled:
-            self.draw()
-            self.stream.write("\n")
-            self.stream.flush()
+        self.draw()  # the final counts
+        super().close()
 
 
 def _tail(bytes_read: int, elapsed: float, eta: float | None) -> str:
