@@ -50,8 +50,13 @@ class CompressedPanel:
     """The panel's elements as stored, counted like a host decode would count them."""
 
 
-def nvcomp_available() -> bool:
-    """Runs on a worker: nvCOMP's Python package imports (it needs a GPU only to decode)."""
+def can_decode_on_device() -> bool:
+    """Runs on a worker: in the simulator (numcodecs stands in), or where nvCOMP's Python
+    package imports (it needs a GPU only to decode)."""
+    from kernels.cuda_host import simulated
+
+    if simulated():
+        return True
     try:
         from nvidia import nvcomp  # noqa: F401
     except ImportError:

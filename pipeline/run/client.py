@@ -80,12 +80,11 @@ def check_gpu_decode(client: Client, backend: str) -> None:
             "found no GPU on every worker, or a dtype no GPU backend takes); drop --gpu-decode "
             "or ask for --backend cuda"
         )
-    from kernels.cuda_host import simulated
-    from kernels.device_decode import nvcomp_available
+    from kernels.device_decode import can_decode_on_device
 
-    if get_backend(backend).modelled or all(client.run(simulated).values()):
+    if get_backend(backend).modelled:
         return
-    lacking = sorted(w for w, ok in client.run(nvcomp_available).items() if not ok)
+    lacking = sorted(w for w, ok in client.run(can_decode_on_device).items() if not ok)
     if lacking:
         raise BackendUnavailableError(
             f"--gpu-decode needs nvCOMP's Python package on every worker; {len(lacking)} lack "
