@@ -54,29 +54,31 @@ def cuda_client() -> Iterator[Client]:
         yield client
 
 
-def _count_cuda_products() -> None:
-    """Run on each worker: count the staged engine's kernel launches (NumbaDevice.gemm)."""
+def _count_calls(method: str) -> None:
+    """Run on each worker: count the calls of ``NumbaDevice.<method>`` (gemm: the staged
+    engine's kernel launches; decode_into: panels decoded on the device)."""
     from kernels.device import NumbaDevice
 
-    add = getattr(NumbaDevice.gemm, "__wrapped__", NumbaDevice.gemm)
+    original = getattr(NumbaDevice, method)
+    original = getattr(original, "__wrapped__", original)
 
-    @functools.wraps(add)
-    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+    @functools.wraps(original)
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
         counted.calls += 1  # type: ignore[attr-defined]
-        add(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
 
     counted.calls = 0  # type: ignore[attr-defined]
-    NumbaDevice.gemm = counted  # type: ignore[method-assign, assignment]
+    setattr(NumbaDevice, method, counted)
 
 
-def _cuda_products_counted() -> int:
+def _calls_counted(method: str) -> int:
     from kernels.device import NumbaDevice
 
-    return int(getattr(NumbaDevice.gemm, "calls", 0))
+    return int(getattr(getattr(NumbaDevice, method), "calls", 0))
 
 
 # Pickled by value: the workers need not import this test module (nor pytest).
-_count_cuda_products.__module__ = _cuda_products_counted.__module__ = "__main__"
+_count_calls.__module__ = _calls_counted.__module__ = "__main__"
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,7 @@ def test_cuda_backend_runs_tiles_on_both_workers(
 ) -> None:
     a, b, a_url, b_url = operands
     out = str(tmp_path / "c.zarr")
-    cuda_client.run(_count_cuda_products)
+    cuda_client.run(_count_calls, "gemm")
     with get_task_stream(cuda_client) as stream:
         result = multiply(a_url, b_url, out, client=cuda_client, backend="cuda")
     assert result.backend == "cuda"
@@ -119,7 +121,7 @@ def test_cuda_backend_runs_tiles_on_both_workers(
     }
     assert workers == set(cuda_client.scheduler_info()["workers"]), workers
     # the products ran through the staged engine's CUDA kernel (simulated) on every worker
-    products = cuda_client.run(_cuda_products_counted)
+    products = cuda_client.run(_calls_counted, "gemm")
     assert all(n >= 1 for n in products.values()), products
 
 
@@ -133,30 +135,6 @@ def test_auto_backend_picks_cpu_on_the_simulator(
     assert_product(zarr.open_array(out, mode="r")[:], a, b)
 
 
-def _count_device_decodes() -> None:
-    """Run on each worker: count the panels decoded on the device (NumbaDevice.decode_into)."""
-    from kernels.device import NumbaDevice
-
-    decode = getattr(NumbaDevice.decode_into, "__wrapped__", NumbaDevice.decode_into)
-
-    @functools.wraps(decode)
-    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
-        counted.calls += 1  # type: ignore[attr-defined]
-        decode(self, *args, **kwargs)
-
-    counted.calls = 0  # type: ignore[attr-defined]
-    NumbaDevice.decode_into = counted  # type: ignore[method-assign]
-
-
-def _device_decodes_counted() -> int:
-    from kernels.device import NumbaDevice
-
-    return int(getattr(NumbaDevice.decode_into, "calls", 0))
-
-
-_count_device_decodes.__module__ = _device_decodes_counted.__module__ = "__main__"
-
-
 def test_gpu_decode_gives_the_same_bytes(cuda_client: Client, tmp_path: Path) -> None:
     """--gpu-decode: zstd chunks staged compressed and decoded on the (simulated) device give
     OUT bitwise equal to panels decoded on the host. Whole numbers compress, so every frame
@@ -168,10 +146,10 @@ def test_gpu_decode_gives_the_same_bytes(cuda_client: Client, tmp_path: Path) ->
     b_url = write_array(tmp_path / "b.zarr", b, (12, 16))
     outs = [str(tmp_path / "host.zarr"), str(tmp_path / "device.zarr")]
     multiply(a_url, b_url, outs[0], client=cuda_client, backend="cuda")
-    cuda_client.run(_count_device_decodes)
+    cuda_client.run(_count_calls, "decode_into")
     result = multiply(a_url, b_url, outs[1], client=cuda_client, backend="cuda", gpu_decode=True)
     panels = result.plan.n_tiles * len(result.plan.k_panels)  # each tile's, over its tasks
-    assert sum(cuda_client.run(_device_decodes_counted).values()) == 2 * panels  # A and B
+    assert sum(cuda_client.run(_calls_counted, "decode_into").values()) == 2 * panels  # A and B
     assert result.phases["decode"] == 0.0 and result.phases["read"] > 0.0
     host, device = (zarr.open_array(out, mode="r")[:] for out in outs)
     assert device.tobytes() == host.tobytes()
