@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.allocators import PAGE
+from kernels.buffers import group_bytes
 
 DECODE_BYTES_PER_SECOND = 0.6e9
 """Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
@@ -129,15 +129,11 @@ def staging_pool_bytes(
 ) -> int:
     """The budget of a worker's pinned staging pool: what its ``tasks`` staged engines lease at
     most at once, each STAGED_PANELS + 1 panel pairs and the last panel's two band buffers in
-    the compute dtype (the pool rounds every array up to whole pages)."""
+    the compute dtype, sized as the pool sizes its leases."""
     tm, tn = tile_shape
-    c = np.dtype(compute_dtype).itemsize
-    pair = _pages(tm * panel_width * c) + _pages(panel_width * tn * c)
-    return tasks * ((STAGED_PANELS + 1) * pair + 2 * _pages(band_rows * tn * c))
-
-
-def _pages(nbytes: int) -> int:
-    return -(-nbytes // PAGE) * PAGE
+    pair = group_bytes([((tm, panel_width), compute_dtype), ((panel_width, tn), compute_dtype)])
+    bands = group_bytes([((band_rows, tn), compute_dtype)] * 2)
+    return tasks * ((STAGED_PANELS + 1) * pair + bands)
 
 
 def makespan(seconds: dict[str, float], fill_seconds: float) -> float:
