@@ -25,8 +25,7 @@ from typing import Any
 
 import dask
 
-ZARR_CONCURRENCY = 10
-"""zarr's default ``async.concurrency``: the peer reads as zarr would on its own."""
+from pipeline.plan.memory import ZARR_CONCURRENCY  # zarr's default: the peer reads as zarr would
 
 
 def main(argv: list[str] | None = None) -> int:
