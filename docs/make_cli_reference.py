@@ -33,7 +33,59 @@ def render() -> str:
         parts.append(_section(sub, f"python -m pipeline {name}", help_text))
     for name, sub, help_text in _subcommands(kernels_parser()):
         parts.append(_section(sub, f"python -m kernels {name}", help_text))
+    parts += [_settings(), SECRETS]
     return "\n".join(parts)
+
+
+SETTINGS_HEADER = """\
+## Settings (`tilegemm.*`)
+
+Dask config under one namespace: set a key in the environment (`DASK_TILEGEMM__KEY=VALUE`,
+`__` nesting, `_` for `-`), in a dask YAML file, or with `dask.config.set` around the API call.
+`prepare` (every `multiply`, `--dry-run` too) checks them all first: a bad value or an unknown
+key is refused with one `error:` line and exit code 2. `none`, `true` and `false` from the
+environment mean what they say.
+"""
+
+SECRETS = """\
+## Storage options and secrets
+
+The command line's fsspec options are merged from
+`$TILEGEMM_STORAGE_OPTIONS` (a JSON object), then `--storage-options-file FILE.json`, then each
+`--storage-option KEY=VALUE`, later ones winning key by key. Keep keys and secrets off the
+command line (other users see it in `ps`): put them in the file (`chmod 600`; a file with
+secrets that others may read is warned about) or the variable. The values of options whose
+name holds key, secret, token, passw(ord), credential, auth, signature, connection string or
+private (at any depth, e.g. in `client_kwargs`), and passwords in URLs, are shown as `***` in
+reprs, messages, logs and `--debug` tracebacks.
+
+The options travel inside every task, so a scheduler reached over plain `tcp://` passes them
+unencrypted to anyone who can reach it: the job warns then. To keep secrets out of the tasks,
+give them to the workers' processes instead: botocore's `AWS_ACCESS_KEY_ID` /
+`AWS_SECRET_ACCESS_KEY` / `AWS_PROFILE` or an instance role for S3, or fsspec's own
+configuration, which every file system reads where it is created — `FSSPEC_S3_KEY`,
+`FSSPEC_S3_SECRET` (`FSSPEC_<PROTOCOL>_<OPTION>`), `FSSPEC_S3='{"key": ...}'`, or JSON/INI
+files in `~/.config/fsspec` (`$FSSPEC_CONFIG_DIR`). Local workers inherit this process's
+environment; set it on remote workers yourself.
+"""
+
+
+def _text(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _settings() -> str:
+    from pipeline.settings import SETTINGS
+
+    rows = [
+        f"| `{s.name}` | `{s.env}` | `{_text(s.default)}` | {s.allowed} | {s.meaning} |"
+        for s in SETTINGS.values()
+    ]
+    head = [
+        "| setting | environment | default | values | meaning |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    return "\n".join([SETTINGS_HEADER, *head, *rows]) + "\n"
 
 
 class _Caught(Exception):

@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import traceback
 import warnings
 from collections.abc import Iterator
 from types import FrameType
@@ -24,9 +25,11 @@ from pipeline.cli_parser import (
     parse_args,
     parse_storage_options,
     positive_int,
+    storage_options,
 )
 from pipeline.errors import PipelineError
 from pipeline.plan.units import format_bytes
+from pipeline.sensitive import ScrubLogs, scrub, secret_values, warn_if_exposed
 
 log = logging.getLogger("pipeline")
 
@@ -53,27 +56,45 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING if args.debug else logging.ERROR)
     # A dashboard port taken after dashboard_address() looked: the printed link shows the one used.
     warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
+    secrets: set[str] = set()
     try:
         with interrupt_once(INTERRUPTED[args.command]):
-            return int(COMMANDS[args.command](args))
+            args.storage_options = storage_options(args)
+            secrets = secret_values(args.storage_options)
+            with scrubbed_logs(secrets):
+                return int(COMMANDS[args.command](args))
     except PipelineError as e:
-        if args.debug:
-            raise
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return _fail(f"error: {e}", e.exit_code, args.debug, secrets)
     except KeyboardInterrupt:
-        if args.debug:
-            raise
-        print(f"error: interrupted; {INTERRUPTED[args.command]}", file=sys.stderr)
-        return 1
+        return _fail(f"error: interrupted; {INTERRUPTED[args.command]}", 1, args.debug, secrets)
     except Exception as e:  # noqa: BLE001 - unexpected: still one line unless --debug
-        if args.debug:
-            raise
-        print(
-            f"error: {type(e).__name__}: {e} (rerun with --debug for the traceback)",
-            file=sys.stderr,
-        )
-        return 1
+        line = f"error: {type(e).__name__}: {e}"
+        if not args.debug:
+            line += " (rerun with --debug for the traceback)"
+        return _fail(line, 1, args.debug, secrets)
+
+
+def _fail(line: str, exit_code: int, debug: bool, secrets: set[str]) -> int:
+    """The ``error:`` line (after the traceback under --debug), secrets hidden; --debug
+    never changes the exit code."""
+    if debug:
+        print(scrub(traceback.format_exc(), secrets), file=sys.stderr, end="")
+    print(scrub(line, secrets), file=sys.stderr)
+    return exit_code
+
+
+@contextlib.contextmanager
+def scrubbed_logs(secrets: set[str]) -> Iterator[None]:
+    """Hide ``secrets`` in whatever the root and distributed's handlers print meanwhile."""
+    handlers = [*logging.getLogger().handlers, *logging.getLogger("distributed").handlers]
+    scrubber = ScrubLogs(secrets)
+    for handler in handlers:
+        handler.addFilter(scrubber)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(scrubber)
 
 
 @contextlib.contextmanager
@@ -132,7 +153,7 @@ def run_multiply(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         resume=args.resume,
         verify=args.verify,
-        storage_options=parse_storage_options(args.storage_option),
+        storage_options=args.storage_options,
         progress=not args.no_progress and sys.stderr.isatty(),
         cluster=_spec(args, probe_dashboard=not args.dry_run),
         report=args.report,
@@ -163,9 +184,10 @@ def run_verify(args: argparse.Namespace) -> int:
     from pipeline.report import format_verify, format_verify_error
     from pipeline.verify import check_shapes, verify_product
 
-    options = parse_storage_options(args.storage_option)
+    options = args.storage_options
     check_shapes(args.a, args.b, args.c, options)  # refuse before starting a cluster
     with start(_spec(args), args.memory_limit) as client:
+        warn_if_exposed(client, options)
         result = verify_product(
             client,
             args.a,
@@ -186,7 +208,7 @@ def run_verify(args: argparse.Namespace) -> int:
 def run_random(args: argparse.Namespace) -> int:
     from pipeline.generate import write_random
 
-    options = parse_storage_options(args.storage_option)
+    options = args.storage_options
     write_random(args.out, args.shape, args.chunks, args.dtype, args.seed, options, args.overwrite)
     return 0
 

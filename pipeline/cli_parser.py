@@ -12,6 +12,7 @@ from typing import Any, NoReturn
 from kernels.backends import CHOICES
 from pipeline.errors import UsageError
 from pipeline.plan.units import parse_size
+from pipeline.sensitive import ENV, is_sensitive, merged, options_from_env, options_from_file
 
 
 class Parser(argparse.ArgumentParser):
@@ -112,13 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     rnd.add_argument("--dtype", default="float32", help="numpy dtype (default float32)")
     rnd.add_argument("--seed", type=int, default=0, help="seed (same seed, same array)")
     rnd.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
-    rnd.add_argument(
-        "--storage-option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="fsspec option for s3:// and other URLs (repeatable)",
-    )
+    _storage_args(rnd)
     return parser
 
 
@@ -133,12 +128,23 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         help="where the Dask dashboard listens (default 127.0.0.1:8787)",
     )
+    _storage_args(p)
+
+
+def _storage_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--storage-option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="fsspec option for s3:// and other URLs (repeatable)",
+        help="fsspec option for s3:// and other URLs (repeatable; overrides the file's and "
+        f"${ENV}'s)",
+    )
+    p.add_argument(
+        "--storage-options-file",
+        metavar="FILE.json",
+        help="fsspec options as a JSON object, to keep keys and secrets off the command line "
+        f"(also read from ${ENV}, which the file overrides); values shown anywhere are hidden",
     )
 
 
@@ -180,26 +186,37 @@ def _suggest_choice(message: str) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+def storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The command's fsspec options: ``$TILEGEMM_STORAGE_OPTIONS``, then
+    ``--storage-options-file``, then ``--storage-option``, each overriding the one before."""
+    from_file = options_from_file(args.storage_options_file) if args.storage_options_file else {}
+    return merged(options_from_env(), from_file, parse_storage_options(args.storage_option))
+
+
 def parse_storage_options(items: list[str]) -> dict[str, Any]:
-    """KEY=VALUE strings to a dict; true/false/none and numbers become Python values."""
+    """KEY=VALUE strings to a dict; true/false/none and numbers become Python values (a
+    secret's digits stay a string)."""
     out: dict[str, Any] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise UsageError(f"--storage-option {item!r} is not KEY=VALUE, e.g. anon=true")
+            shown = f"'{key}=...'" if sep else repr(item)  # no value: it may be a secret
+            raise UsageError(f"--storage-option {shown} is not KEY=VALUE, e.g. anon=true")
         if key == "region":  # s3fs takes the region inside client_kwargs
             out.setdefault("client_kwargs", {})["region_name"] = value
             continue
-        out[key] = _scalar(value)
+        out[key] = _scalar(value, numbers=not is_sensitive(key))
     return out
 
 
-def _scalar(value: str) -> Any:
+def _scalar(value: str, numbers: bool = True) -> Any:
     lowered = value.lower()
     if lowered in ("true", "false"):
         return lowered == "true"
     if lowered == "none":
         return None
+    if not numbers:
+        return value
     for kind in (int, float):
         try:
             return kind(value)

@@ -31,6 +31,10 @@ class IntegerOverflowError(InputError, OverflowError):
     """An integer product's worst case does not fit OUT's dtype (refused before any work)."""
 
 
+class UnfinishedOutputError(InputError):
+    """``verify`` was given an OUT whose multiply has not finished (finish it with --resume)."""
+
+
 class OutputExistsError(PipelineError, FileExistsError):
     """OUT exists and neither --overwrite nor --resume was given."""
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
-from pipeline.errors import InputError, JobError
+from pipeline.errors import InputError, JobError, UnfinishedOutputError
 from pipeline.plan.spec import ArraySpec
 from pipeline.progress import CheckLine
 from pipeline.run import verify_tasks as tasks
@@ -47,6 +47,7 @@ from pipeline.run.client import wait_some
 from pipeline.run.nonfinite import OVERFLOW_MARGIN
 from pipeline.run.verify_tasks import GAUSSIAN_MAD, SAFETY, TAU, U64, CheckSpec, RowCheck
 from pipeline.store import inputs as io
+from pipeline.store.output import ATTRS_KEY
 
 SAMPLE_BLOCKS, SAMPLE_ROWS = 4, 4
 """Row blocks of A sampled, and rows of C recomputed exactly in each, to measure its noise."""
@@ -198,7 +199,9 @@ def check_shapes(
     """Open A, B and C read-only and refuse shapes that can't be A, B and A @ B."""
     a = io.array_spec(io.open_input(a_url, options, "A"), "A")
     b = io.array_spec(io.open_input(b_url, options, "B"), "B")
-    c = io.array_spec(io.open_input(c_url, options, "C"), "C")
+    c_array = io.open_input(c_url, options, "C")
+    _check_finished(c_array, c_url)
+    c = io.array_spec(c_array, "C")
     (m, k), n = a.shape, b.shape[1]
     if k != b.shape[0] or c.shape != (m, n):
         raise InputError(
@@ -206,6 +209,19 @@ def check_shapes(
             f"A's columns must equal B's rows and C must be {m}x{n}"
         )
     return a, b, c
+
+
+def _check_finished(c: Any, url: str) -> None:
+    """Refuse a C this tool started and has not finished: its unwritten tiles would be
+    reported as wrong elements. A C without our attributes is checked as given."""
+    ours = dict(c.attrs).get(ATTRS_KEY)
+    if isinstance(ours, dict) and ours.get("complete") is False:
+        raise UnfinishedOutputError(
+            f"C ({url}) is a product `multiply` has not finished writing (its "
+            f"{ATTRS_KEY}.complete attribute is false), so its unwritten tiles would be "
+            "reported as wrong; finish it with `python -m pipeline multiply A B C --resume`, "
+            "then verify"
+        )
 
 
 def _summarize(

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+
 
 @dataclass(frozen=True)
 class ArraySpec:
@@ -63,5 +65,7 @@ class StoreSpec:
     a_url: str
     b_url: str
     out_url: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    """fsspec options for every URL (``endpoint_url``, ``anon``, ...)."""
+    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
+    """fsspec options for every URL (``endpoint_url``, ``anon``, ...); repr hides secrets."""
+
+    __repr__ = redacted_repr

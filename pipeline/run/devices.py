@@ -6,15 +6,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-import dask
 from distributed import Client
 
 from kernels.backends import get_backend
 from kernels.device import worker_device_figures
-from kernels.emulated import DECODE_GBPS
-from pipeline.errors import UsageError
+from pipeline import settings
 from pipeline.plan.device import DEVICE_CLASSES, DeviceModel
-from pipeline.plan.units import parse_size
 
 if TYPE_CHECKING:
     from pipeline.job import JobOptions
@@ -38,12 +35,7 @@ def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str)
             p["decode_gbps"] * 1e9,
         )
     if model is None:
-        name = str(dask.config.get("tilegemm.device-class", "h100-pcie")).lower()
-        if name not in DEVICE_CLASSES:
-            raise UsageError(
-                f"tilegemm.device-class is {name!r}; use one of {', '.join(DEVICE_CLASSES)}"
-            )
-        model = DEVICE_CLASSES[name]
+        model = DEVICE_CLASSES[settings.get("device-class")]
     cap = options.device_memory_limit_bytes
     memory = min(model.memory_bytes, cap) if cap else model.memory_bytes
     return replace(model, memory_bytes=memory, decodes_chunks=options.gpu_decode)
@@ -53,17 +45,12 @@ def emulated_params() -> dict[str, float]:
     """The emulated device's figures: dask config ``tilegemm.emulated.tflops`` (float32; float64
     runs at half), ``h2d-gbps``, ``decode-gbps`` (zstd decoded on the device, --gpu-decode) and
     ``memory`` (a size; default 80GiB)."""
-    tflops = float(dask.config.get("tilegemm.emulated.tflops", 10.0))
-    h2d = float(dask.config.get("tilegemm.emulated.h2d-gbps", 25.0))
-    decode = float(dask.config.get("tilegemm.emulated.decode-gbps", DECODE_GBPS))
-    memory = dask.config.get("tilegemm.emulated.memory", "80GiB")
-    size = parse_size(memory) if isinstance(memory, str) else int(memory)
-    if min(tflops, h2d, decode) <= 0:
-        raise UsageError(
-            f"tilegemm.emulated needs positive rates, got {tflops} TFLOP/s, {h2d} GB/s "
-            f"host-to-device, {decode} GB/s decoding"
-        )
-    return {"tflops": tflops, "h2d_gbps": h2d, "decode_gbps": decode, "memory_bytes": float(size)}
+    return {
+        "tflops": settings.get("emulated.tflops"),
+        "h2d_gbps": settings.get("emulated.h2d-gbps"),
+        "decode_gbps": settings.get("emulated.decode-gbps"),
+        "memory_bytes": float(settings.get("emulated.memory")),
+    }
 
 
 def calibrated_device(client: Client) -> DeviceModel | None:

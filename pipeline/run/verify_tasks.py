@@ -21,6 +21,7 @@ from pipeline.run.nonfinite import (
     stream_rows,
     wide_dtype,
 )
+from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import inputs as io
 
 TAU = 6.0
@@ -89,12 +90,15 @@ class CheckSpec:
 
     urls: tuple[str, str, str]
     """A, B and C."""
-    options: dict[str, Any]
+    options: dict[str, Any] = dataclasses.field(metadata=SENSITIVE_FIELD)
+    """fsspec options; repr hides secrets (a failed task's log shows its arguments)."""
     specs: tuple[ArraySpec, ArraySpec, ArraySpec]
     r: NDArray[np.float64]
     """The random ±1 vectors, n x rounds."""
     sample: list[tuple[int, int]]
     """Row ranges of C recomputed exactly to measure its rounding noise."""
+
+    __repr__ = redacted_repr
 
 
 def b_pass(job: CheckSpec, ks: tuple[int, int]) -> _BPart:

@@ -14,6 +14,7 @@ import zarr
 from zarr.storage import FsspecStore, LocalStore, MemoryStore, ZipStore
 
 from pipeline.errors import ArgumentTypeError, UsageError
+from pipeline.sensitive import is_sensitive, redact
 from pipeline.store.fs import normalize_url
 
 ACCEPTED = "a path (str or os.PathLike), an fsspec URL such as s3://bucket/a.zarr, or a zarr.Array"
@@ -40,9 +41,14 @@ def merge_options(name_options: list[tuple[str, dict[str, Any]]]) -> dict[str, A
     for name, options in name_options:
         for key, value in options.items():
             if key in merged and merged[key] != value:
+                values = (
+                    "two values, hidden"
+                    if is_sensitive(key)
+                    else f"{redact(merged[key])!r} vs {redact(value)!r}"
+                )
                 raise UsageError(
                     f"{source[key]} and {name} disagree on the storage option {key!r} "
-                    f"({merged[key]!r} vs {value!r}); the job opens every array with one set "
+                    f"({values}); the job opens every array with one set "
                     "of options: give arrays on the same storage, or paths and storage_options="
                 )
             merged[key], source[key] = value, name
