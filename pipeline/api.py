@@ -20,15 +20,18 @@ from numpy.typing import DTypeLike
 
 from cluster import ClusterSpec
 from kernels.backends import AUTO, CHOICES, get_backend, staged_backends
+from pipeline import settings
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for, planning_backend
 from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import dimension_names
 from pipeline.store import inputs
+from pipeline.store.fs import absolute, check_protocol, resolve_url
 from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
 from pipeline.store.raw_chunks import device_decodable
+from pipeline.store.report_file import check_report
 
 log = logging.getLogger("pipeline")
 
@@ -60,6 +63,7 @@ def prepare(
     cluster started and nothing written. ``print(job)`` shows the plan; ``job.execute()``
     runs it. ``dtype``, ``chunks`` and ``shards`` choose OUT's layout (default: follow the
     inputs; see the README)."""
+    settings.check_all()  # every tilegemm.* setting, before any work
     if backend not in CHOICES:
         raise UsageError(f"unknown backend {backend!r}; choose {', '.join(CHOICES)}")
     if overwrite and resume:
@@ -86,7 +90,8 @@ def prepare(
         ),
         progress=progress,
         cluster=cluster or ClusterSpec(),
-        report=report,
+        report=report
+        and check_report(report, dict(zip(("A", "B", "OUT"), urls, strict=True)), storage),
     )
     return _validated(StoreSpec(*urls, storage), options, out)
 
@@ -98,8 +103,15 @@ def _locate(
     located = [locate(x, name) for x, name in zip(given, ("A", "B", "OUT"), strict=True)]
     sources = [("storage_options=", dict(storage_options or {}))]
     sources += [(name, opts) for (_, opts), name in zip(located, ("A", "B", "OUT"), strict=True)]
-    urls = (located[0][0], located[1][0], located[2][0])
-    return urls, merge_options(sources)
+    options = merge_options(sources)
+    given = [url for url, _ in located]
+    for url, name in zip(given, ("A", "B"), strict=False):
+        check_protocol(url, name)
+    # Overlaps are refused in the caller's spelling (the check resolves links itself) ...
+    Output(given[2], options).check_path(given[:2])
+    # ... then OUT is one resolved location for every check and write; inputs are made
+    # absolute (workers may run elsewhere), their links left for the file system to follow.
+    return (absolute(given[0]), absolute(given[1]), resolve_url(given[2], "OUT")), options
 
 
 def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> MatmulJob:

@@ -9,7 +9,7 @@ import numpy as np
 import zarr
 
 from pipeline.errors import InputError, OutputExistsError, UsageError
-from pipeline.store.fs import fsspec_options
+from pipeline.store.fs import check_writable, fsspec_options, resolve_url
 from pipeline.store.output import ATTRS_KEY, Output
 
 
@@ -32,18 +32,29 @@ def write_random(
         raise InputError(f"--dtype {dtype} is not a numeric dtype; use e.g. float32 or float64")
     if min(chunks) < 1:
         raise UsageError(f"--chunks {chunks[0]}x{chunks[1]} must be at least 1x1")
-    if Output(url, dict(storage_options or {})).state() is not None and not overwrite:
+    url = resolve_url(url, "OUT")
+    output = Output(url, dict(storage_options or {}))
+    check_writable(url)
+    state = output.state()  # refuses a foreign OUT, whatever the flags
+    if state is not None and not overwrite:
         raise OutputExistsError(f"{url} already exists; pass --overwrite to replace it")
-    array = zarr.create_array(
-        url,
-        shape=shape,
-        chunks=chunks,
-        dtype=dt,
-        zarr_format=3,
-        overwrite=overwrite,
-        attributes={ATTRS_KEY: {"generated": {"seed": seed}}},
-        storage_options=fsspec_options(url, storage_options),
-    )
+    with output.claim(state, overwrite=overwrite, resume=False):
+        if state is not None:
+            output.remove_ours()
+        array = zarr.create_array(
+            url,
+            shape=shape,
+            chunks=chunks,
+            dtype=dt,
+            zarr_format=3,
+            attributes={ATTRS_KEY: {"generated": {"seed": seed}}},
+            storage_options=fsspec_options(url, storage_options),
+        )
+        _fill(array, shape, chunks, dt, seed)
+    return array
+
+
+def _fill(array: Any, shape: tuple[int, int], chunks: tuple[int, int], dt: Any, seed: int) -> None:
     starts = [(i, j) for i in range(0, shape[0], chunks[0]) for j in range(0, shape[1], chunks[1])]
 
     def fill(start: tuple[int, int]) -> None:
@@ -54,7 +65,6 @@ def write_random(
 
     with ThreadPoolExecutor() as pool:
         list(pool.map(fill, starts))
-    return array
 
 
 def _sample(rng: np.random.Generator, shape: tuple[int, int], dt: np.dtype[Any]) -> Any:

@@ -10,18 +10,20 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import dask
 import psutil
 from distributed import Client
 
 from cluster import ClusterSpec
 from kernels.backends import AUTO, BACKENDS, CPU, get_backend
+from pipeline import settings
+from pipeline.errors import JobError, UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
 from pipeline.plan.device import default_decode_threads
 from pipeline.plan.gpu import staging_bytes
@@ -39,8 +41,13 @@ from pipeline.run.client import (
 )
 from pipeline.run.devices import calibrated_device, device_model, emulated_params
 from pipeline.run.spec import TaskSpec
+from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr, warn_if_exposed
 from pipeline.store.fs import local_path
+from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
+from pipeline.store.signature import data_signature, describe_change
+
+log = logging.getLogger("pipeline")
 
 
 @dataclass(frozen=True)
@@ -58,7 +65,8 @@ class JobOptions:
     overwrite: bool = False
     resume: bool = False
     verify: bool = False
-    storage_options: dict[str, Any] = field(default_factory=dict)
+    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
+    """fsspec options for A, B and OUT; repr hides secrets."""
     output: OutputSpec = field(default_factory=OutputSpec)
     """OUT's dtype, chunks and shards as asked (None: follow the inputs) and Zarr format."""
     progress: bool = False
@@ -66,6 +74,8 @@ class JobOptions:
     """The cluster to start or join when ``execute`` is given no client."""
     report: str | None = None
     """Where to save distributed's performance report (HTML), if anywhere."""
+
+    __repr__ = redacted_repr
 
 
 @dataclass(frozen=True)
@@ -126,37 +136,63 @@ class MatmulJob:
         return replace(self, plan=plan)
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
-        """Run the job on ``client`` (or a cluster started from the options, then closed)."""
+        """Run the job on ``client`` (or a cluster started from the options, then closed).
+        OUT is claimed (created exclusively, locked, re-checked) before any cluster starts."""
         started = time.perf_counter()
-        if self.state is not None:
-            self.output.check_replaceable(self.options.overwrite, self.options.resume)
-        report = report_context(self.options.report, self.options.storage_options)
-        with _connect(client, self.options) as c, report:
-            backend = resolve_backend(c, self.options.backend, self.plan.compute_dtype)
-            if self.options.gpu_decode:
+        opts = self.options
+        report = report_context(opts.report, opts.storage_options)
+        claim = self.output.claim(self.state, overwrite=opts.overwrite, resume=opts.resume)
+        with claim as (held, state), _connect(client, opts) as c, report:
+            warn_if_exposed(c, opts.storage_options)
+            backend = resolve_backend(c, opts.backend, self.plan.compute_dtype)
+            if opts.gpu_decode:
                 check_gpu_decode(c, backend)
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
-            skip = self._start_output(plan, spec.fingerprint)
-            with self.output.locked():
-                before = worker_usage(c)
-                try:
-                    futures = submit_plan(c, plan, spec, skip)
-                    run = collect(c, futures, plan, self.options.progress, spec.run_id)
-                finally:
-                    release_panels(c, spec.run_id)
-                usage = usage_since(c, before)
-                self.output.mark(spec.fingerprint, complete=True)
-                verified = self._verify(c, spec.fingerprint) if self.options.verify else None
-                self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
+            data = self._input_data()
+            skip = self._start_output(plan, spec.fingerprint, state, data)
+            before = worker_usage(c)
+            try:
+                futures = submit_plan(c, plan, spec, skip)
+                run = collect(c, futures, plan, opts.progress, spec.run_id)
+            finally:
+                release_panels(c, spec.run_id)
+            usage = usage_since(c, before)
+            self._check_finish(held, data)
+            self.output.mark(spec.fingerprint, complete=True)
+            verified = self._verify(c, spec.fingerprint) if opts.verify else None
+            self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
         result = MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
             run.bytes_read, backend, plan, verified, run.phases, usage,
         )  # fmt: skip
-        if self.options.report:  # where the seconds went, beside distributed's own report
-            add_to_report(self.options.report, result, self.options.storage_options)
+        if opts.report:  # where the seconds went, beside distributed's own report
+            add_to_report(opts.report, result, opts.storage_options)
         return result
+
+    def _input_data(self) -> dict[str, dict[str, Any]]:
+        """The inputs' stored data now (listings, no data read): what --resume compares."""
+        so = self.store.storage_options
+        return {
+            "A": data_signature(self.store.a_url, so),
+            "B": data_signature(self.store.b_url, so),
+        }
+
+    def _check_finish(self, held: HeldLock, data: dict[str, dict[str, Any]]) -> None:
+        """Before OUT is marked complete: the lock is still ours and no input changed."""
+        if not held.still_held():
+            raise JobError(
+                f"OUT ({self.store.out_url}) lost its lock during the job (removed or taken "
+                "by hand?); it is not marked complete: rerun with --resume"
+            )
+        now = self._input_data()
+        for name in ("A", "B"):
+            if now[name] != data[name]:
+                raise JobError(
+                    f"{describe_change(name, data[name], now[name])} while the job ran; OUT "
+                    "is not marked complete: rerun with --overwrite once the inputs are final"
+                )
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
         rows, cols = plan.grid
@@ -177,7 +213,7 @@ class MatmulJob:
             staging_bytes=staging_bytes(plan) if spec.make_device else 0,
             decode_threads=plan.decode_threads,
             device_params=tuple(emulated_params().items()) if spec.modelled else (),
-            overlap=bool(dask.config.get("tilegemm.gpu-overlap", True)),
+            overlap=settings.get("gpu-overlap"),
             read_concurrency=self._read_concurrency(spec.make_device is not None),
             gpu_decode=self.options.gpu_decode,
             progress=self.options.progress,
@@ -188,23 +224,50 @@ class MatmulJob:
         path, whose decode threads already read side by side (fewer fresh codec buffers: a cold
         8192² emulated job 1.28 -> 1.11 s, medians of 6); zarr's default elsewhere. Config
         ``tilegemm.read-concurrency`` overrides (0: zarr's default)."""
-        setting = dask.config.get("tilegemm.read-concurrency", "auto")
+        setting = settings.get("read-concurrency")
         if setting != "auto":
             return int(setting)
         local = all(local_path(u) is not None for u in (self.store.a_url, self.store.b_url))
         return (1 if staged else 2) if local else 0
 
-    def _start_output(self, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
-        """Create OUT (or keep it for --resume) and return the tiles already done."""
-        if self.options.resume and self.state is not None:
-            return self.output.finished_tiles(plan, fp, self.state)
-        attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
+    def _start_output(
+        self,
+        plan: MatmulPlan,
+        fp: str,
+        state: dict[str, Any] | None,
+        data: dict[str, dict[str, Any]],
+    ) -> set[tuple[int, int]]:
+        """Create OUT (or keep it for --resume) and return the tiles already done; the caller
+        holds OUT's lock."""
+        if self.options.resume and state is not None:
+            self._check_inputs_unchanged(state, data)
+            return self.output.finished_tiles(plan, fp, state)
+        if state is not None:
+            self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
+        attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape),
+                      "inputs_data": data}  # fmt: skip
         self.output.create(
             plan.out.shape, plan.out.chunks, plan.out.dtype, attributes,
             shards=plan.out.shards, dimension_names=self.dimension_names,
             zarr_format=self.options.output.zarr_format,
         )  # fmt: skip
         return set()
+
+    def _check_inputs_unchanged(
+        self, state: dict[str, Any], data: dict[str, dict[str, Any]]
+    ) -> None:
+        """--resume keeps tiles computed from the inputs as they were: refuse if they changed."""
+        then = state.get("inputs_data")
+        if not isinstance(then, dict):
+            log.warning("OUT predates input tracking: --resume can't tell whether A or B changed")
+            return
+        for name in ("A", "B"):
+            if then.get(name) != data[name]:
+                raise UsageError(
+                    f"cannot resume {self.store.out_url}: "
+                    f"{describe_change(name, then.get(name) or {}, data[name])} since its tiles "
+                    "were written; use --overwrite to start over"
+                )
 
     def _verify(self, client: Client, fp: str) -> bool:
         from pipeline.verify import verify_product
@@ -249,7 +312,7 @@ def plan_for(
     return plan_matmul(
         a,
         b,
-        cache_fraction=float(dask.config.get("tilegemm.cache-fraction", 0.5)),
+        cache_fraction=settings.get("cache-fraction"),
         backend=backend,
         workers=workers,
         threads_per_worker=threads,
@@ -271,7 +334,7 @@ def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
         "b": _key(plan.b, inputs=True),
         "out": _key(plan.out),
         "tile": plan.tile_shape,
-        "panels": plan.k_panels,
+        "panels": list(plan.k_panels),  # the old digest's list (at most MAX_PANELS)
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -122,6 +122,32 @@ def normalize_url(url: str) -> str:
     return local if local is not None and url.startswith("file://") else url
 
 
+def resolve_url(url: str, name: str) -> str:
+    """The one location every check and write of ``name`` uses: a local path made absolute
+    with its symlinks and ``..`` resolved (``x/../victim`` is ``victim``, whether or not ``x``
+    exists), a URL as given (an object store's keys are literal: ``.`` and ``..`` segments are
+    refused rather than guessed at)."""
+    local = local_path(normalize_url(url))
+    if local is not None:
+        return os.path.realpath(local)
+    if "::" in url:  # a chained URL (zip://PATH::ARCHIVE): read-only inputs, left as given
+        return url
+    protocol, rest = url.split("://", 1)
+    if any(part in (".", "..") for part in rest.split("/")):
+        raise UsageError(
+            f"{name} ({url}) has a '.' or '..' segment, which {protocol}:// keys take literally; "
+            f"spell the location without them"
+        )
+    return f"{protocol}://{rest.rstrip('/')}"
+
+
+def absolute(url: str) -> str:
+    """A local path made absolute, nothing else changed (``..`` after a link still follows
+    the link, as the file system does); URLs as given."""
+    local = local_path(normalize_url(url))
+    return url if local is None else os.path.join(os.getcwd(), local)
+
+
 def local_path(url: str) -> str | None:
     """The file system path of a local path or file:// URL; None for other URLs."""
     if url.startswith("file://"):

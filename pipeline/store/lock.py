@@ -1,13 +1,21 @@
-"""A writer's lock inside OUT, so two jobs never write the same output at once.
+"""One job per OUT: a lock inside OUT, taken atomically before anything else is written.
 
-The lock is a small JSON file (owner pid, host, start time, a random token). A lock whose owner
-is gone — same host, process not running — is stale: it is explained and taken over. A lock
-from another host cannot be checked, so it is refused with the way to clear it by hand.
+Local files: ``lock.json`` held with an exclusive ``flock`` for the job's whole life. The kernel
+drops it when the process dies, so a dead job's lock is simply free (no guessing from pids,
+which are reused); the JSON inside only names the holder in the loser's message.
+
+Object stores: ``lock.json`` is created with a conditional write (``If-None-Match: *`` on S3,
+fsspec's ``mode="create"``). A holder on this host whose process is gone (same pid *and* start
+time) is taken over; one on another host can't be checked, so it is refused with the way to
+clear it by hand. Where a file system has no conditional write, fsspec checks then writes:
+two jobs starting within one round trip could both get in (the token read back narrows it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -15,70 +23,215 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 
-from pipeline.errors import UnsafeOutputError
-from pipeline.store.fs import url_to_fs, write_bytes
+from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.store.fs import local_path, url_to_fs
 
 log = logging.getLogger("pipeline")
 LOCK_NAME = "lock.json"
+NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
+"""flock's errors on file systems without locks (some FUSE and parallel file systems)."""
 
 
-def check_lock(url: str, storage_options: dict[str, Any] | None) -> None:
-    """Refuse when a live job holds OUT's lock; log and ignore a stale one."""
-    holder = read_lock(url, storage_options)
-    if holder is None:
-        return
-    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started", 0)))
-    who = f"pid {holder.get('pid')} on {holder.get('host')} since {started}"
-    if holder.get("host") != socket.gethostname():
-        raise UnsafeOutputError(
-            f"OUT ({url}) is locked by a job ({who}) on another host, which can't be checked "
-            f"from here; if that job is gone, delete {url.rstrip('/')}/{LOCK_NAME} and rerun"
-        )
-    if _alive(holder):
-        raise UnsafeOutputError(
-            f"OUT ({url}) is being written by another job ({who}); wait for it to finish "
-            "or stop it, then rerun with --resume"
-        )
-    log.info("OUT had a stale lock from a job that is gone (%s); taking it over", who)
+@dataclass
+class HeldLock:
+    """A lock this process holds; ``still_held`` is checked before OUT is marked complete."""
+
+    url: str
+    storage_options: dict[str, Any]
+    token: str
+    fd: int | None = None
+    """The flock'd descriptor (local files); None on object stores."""
+
+    def still_held(self) -> bool:
+        if self.fd is not None:
+            return _same_file(self.fd, _lock_path(self.url, {}))
+        return (read_lock(self.url, self.storage_options) or {}).get("token") == self.token
+
+    def release(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.still_held():  # unlinked while still locked: a waiter re-checks the inode
+                fs, _ = url_to_fs(self.url, self.storage_options)
+                fs.rm_file(_lock_path(self.url, self.storage_options))
+        if self.fd is not None:
+            os.close(self.fd)
 
 
 @contextlib.contextmanager
-def hold_lock(url: str, storage_options: dict[str, Any] | None) -> Iterator[dict[str, Any]]:
-    """Write our lock for the duration of the job; remove it when the job ends either way."""
-    proc = psutil.Process()
-    mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
-            "process_started": proc.create_time(), "token": uuid.uuid4().hex}  # fmt: skip
-    write_bytes(url, LOCK_NAME, json.dumps(mine).encode(), storage_options or {})
-    if (read_lock(url, storage_options) or {}).get("token") != mine["token"]:
-        raise UnsafeOutputError(f"OUT ({url}) was locked by another job at the same moment")
+def hold_lock(url: str, storage_options: dict[str, Any] | None) -> Iterator[HeldLock]:
+    """Take OUT's lock (OUT's folder must exist) for the duration of the block."""
+    held = acquire(url, dict(storage_options or {}))
     try:
-        yield mine
+        yield held
     finally:
-        with contextlib.suppress(FileNotFoundError, OSError):
-            fs, path = url_to_fs(url, storage_options)
-            fs.rm_file(f"{path.rstrip('/')}/{LOCK_NAME}")
+        held.release()
+
+
+def acquire(url: str, storage_options: dict[str, Any]) -> HeldLock:
+    """Take the lock or refuse (``UnsafeOutputError``, naming the holder)."""
+    mine = _holder()
+    if local_path(url) is not None:
+        try:
+            return _acquire_local(url, mine)
+        except OSError as e:
+            if e.errno not in NO_FLOCK:
+                raise _unwritable(url, e) from e
+            log.warning("OUT's file system has no file locks (%s); using a lock file", e)
+    return _acquire_object(url, storage_options, mine)
+
+
+def check_lock(url: str, storage_options: dict[str, Any] | None) -> None:
+    """Refuse early when a live job holds OUT's lock; writes nothing (``acquire`` decides)."""
+    path = local_path(url)
+    if path is not None:
+        with contextlib.suppress(OSError), _opened(os.path.join(path, LOCK_NAME)) as fd:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise _busy(url, _read_fd(fd)) from None
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return
+    holder = read_lock(url, storage_options)
+    if holder is not None and not _stale(holder):
+        raise _busy(url, holder)
 
 
 def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
-    fs, path = url_to_fs(url, storage_options)
-    target = f"{path.rstrip('/')}/{LOCK_NAME}"
+    fs, _ = url_to_fs(url, storage_options)
     try:
-        holder = json.loads(fs.cat_file(target))
+        holder = json.loads(fs.cat_file(_lock_path(url, storage_options)))
     except FileNotFoundError:
         return None
     except (OSError, ValueError):
         return {"pid": None, "host": "unknown", "started": 0}
-    return holder if isinstance(holder, dict) else None
+    return holder if isinstance(holder, dict) else {"pid": None, "host": "unknown"}
 
 
-def _alive(holder: dict[str, Any]) -> bool:
-    """The lock's process still runs (same pid and the same start time: pids are reused)."""
+def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:
+    path = _lock_path(url, {})
+    for _ in range(20):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_fd(fd)
+            os.close(fd)
+            raise _busy(url, holder) from None
+        except OSError:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            left = _read_fd(fd)
+            if left.get("pid") is not None:  # a job killed before it could remove its lock
+                log.info("OUT had a stale lock from a job that is gone (%s); taking it over",
+                         _who(left))  # fmt: skip
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(mine).encode(), 0)
+            return HeldLock(url, {}, mine["token"], fd)
+        os.close(fd)  # the holder removed this file as we opened it: take the new one
+    raise UnsafeOutputError(f"OUT ({url}): its lock changed hands 20 times in a row; rerun")
+
+
+def _acquire_object(url: str, storage_options: dict[str, Any], mine: dict[str, Any]) -> HeldLock:
+    fs, _ = url_to_fs(url, storage_options)
+    target = _lock_path(url, storage_options)
+    for _ in range(3):
+        try:
+            fs.pipe_file(target, json.dumps(mine).encode(), mode="create")
+        except FileExistsError:
+            holder = read_lock(url, storage_options) or {}
+            if not _stale(holder):
+                raise _busy(url, holder) from None
+            log.info("OUT had a stale lock from a job that is gone (%s); taking it over",
+                     _who(holder))  # fmt: skip
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(target)
+            continue
+        except PermissionError as e:
+            raise _unwritable(url, e) from e
+        held = HeldLock(url, storage_options, mine["token"])
+        if not held.still_held():
+            raise _busy(url, read_lock(url, storage_options) or {})
+        return held
+    raise UnsafeOutputError(f"OUT ({url}): its lock changed hands 3 times in a row; rerun")
+
+
+def _holder() -> dict[str, Any]:
+    started = psutil.Process().create_time()
+    return {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time(),
+            "process_started": started, "token": uuid.uuid4().hex}  # fmt: skip
+
+
+def _busy(url: str, holder: dict[str, Any]) -> UnsafeOutputError:
+    if holder.get("host") not in (socket.gethostname(), None, "unknown"):
+        return UnsafeOutputError(
+            f"OUT ({url}) is locked by a job ({_who(holder)}) on another host, which can't be "
+            f"checked from here; if that job is gone, delete {url.rstrip('/')}/{LOCK_NAME} "
+            "and rerun"
+        )
+    return UnsafeOutputError(
+        f"OUT ({url}) is being written by another job ({_who(holder)}); wait for it to "
+        "finish or stop it, then rerun with --resume"
+    )
+
+
+def _unwritable(url: str, error: OSError) -> UsageError:
+    return UsageError(
+        f"OUT ({url}) cannot be written here ({error.strerror or error}); choose a location "
+        "you can write to"
+    )
+
+
+def _who(holder: dict[str, Any]) -> str:
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("started") or 0))
+    return f"pid {holder.get('pid')} on {holder.get('host')} since {started}"
+
+
+def _stale(holder: dict[str, Any]) -> bool:
+    """A holder on this host whose process is gone (same pid and start time: pids are reused)."""
+    if holder.get("host") != socket.gethostname():
+        return False
     try:
         proc = psutil.Process(int(holder["pid"]))
-        return bool(abs(proc.create_time() - float(holder.get("process_started", 0))) < 1.0)
+        return not abs(proc.create_time() - float(holder.get("process_started", 0))) < 1.0
+    except psutil.NoSuchProcess:
+        return True
     except (psutil.Error, KeyError, TypeError, ValueError):
         return False
+
+
+def _lock_path(url: str, storage_options: dict[str, Any] | None) -> str:
+    local = local_path(url)
+    if local is not None:
+        return os.path.join(local, LOCK_NAME)
+    _, path = url_to_fs(url, storage_options)
+    return f"{path.rstrip('/')}/{LOCK_NAME}"
+
+
+@contextlib.contextmanager
+def _opened(path: str) -> Iterator[int]:
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _same_file(fd: int, path: str) -> bool:
+    """``fd`` is still the file at ``path`` (not removed, nor replaced by another)."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def _read_fd(fd: int) -> dict[str, Any]:
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0))
+    except (OSError, ValueError):
+        return {"pid": None, "host": None}
+    return holder if isinstance(holder, dict) else {"pid": None, "host": None}

@@ -9,23 +9,25 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import dask
 import numcodecs
 import numpy as np
 import zarr
 from zarr.codecs import BloscCodec
 
+from pipeline import settings
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
-from pipeline.store import groups, journal, lock
+from pipeline.store import groups, journal, lock, owned
 from pipeline.store.fs import (
     check_protocol,
     check_writable,
     fsspec_options,
     inside,
+    local_path,
     location,
     url_to_fs,
     write_bytes,
@@ -62,17 +64,19 @@ class Output:
                 )
 
     def state(self) -> dict[str, Any] | None:
-        """None when OUT does not exist; our attributes when it is one of our arrays; else
-        refuse (something this tool did not write is never replaced)."""
+        """None when OUT does not exist (or is a folder holding nothing but a lock); our
+        attributes when it is one of our arrays; else refuse (something this tool did not
+        write is never replaced)."""
         fs, path = url_to_fs(self.url, self.storage_options)
         try:
             exists = fs.exists(path)
+            empty = exists and fs.isdir(path) and self._holds_only_lock(fs, path)
         except Exception as e:
             problem = storage_problem(e, self.storage_options)
             if problem is None:
                 raise
             raise UsageError(f"OUT ({self.url}) cannot be reached: {problem}") from e
-        if not exists:
+        if not exists or empty:
             return None
         try:
             attrs = dict(self._open("r").attrs).get(ATTRS_KEY)
@@ -85,14 +89,83 @@ class Output:
             )
         return attrs
 
+    @staticmethod
+    def _holds_only_lock(fs: Any, path: str) -> bool:
+        names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
+        return names <= {lock.LOCK_NAME}
+
     def check_replaceable(self, overwrite: bool, resume: bool) -> None:
         """An existing OUT needs --overwrite or --resume, and no live job writing it."""
+        self._check_flags(overwrite, resume)
+        lock.check_lock(self.url, self.storage_options)
+
+    def _check_flags(self, overwrite: bool, resume: bool) -> None:
         if not (overwrite or resume):
             raise OutputExistsError(
                 f"OUT ({self.url}) already exists; pass --overwrite to replace it or --resume "
                 "to finish an interrupted run"
             )
-        lock.check_lock(self.url, self.storage_options)
+
+    @contextlib.contextmanager
+    def claim(
+        self, seen: dict[str, Any] | None, *, overwrite: bool, resume: bool
+    ) -> Iterator[tuple[lock.HeldLock, dict[str, Any] | None]]:
+        """Take OUT for one job: its folder (created if new), then its lock, then, under the
+        lock, the check that OUT is still what ``prepare`` saw. Yields (the lock, OUT's state).
+        A folder this claim created is removed again if the job leaves it empty."""
+        created = self._make_folder()
+        try:
+            with lock.hold_lock(self.url, self.storage_options) as held:
+                now = self.state()
+                if now != seen:
+                    raise UnsafeOutputError(
+                        f"OUT ({self.url}) changed after this job was planned "
+                        f"({'created' if seen is None else 'rewritten'} by another job?); "
+                        "plan the job again (rerun the command)"
+                    )
+                if now is not None:
+                    self._check_flags(overwrite, resume)
+                if now is not None and not resume:
+                    self._check_nothing_foreign()  # before any cluster starts
+                yield held, now
+        finally:
+            if created:  # a local folder: removed only if the job wrote nothing (it is empty)
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.url)
+
+    def _make_folder(self) -> bool:
+        """Create a local OUT's folder exclusively (True), or find it there (False)."""
+        path = local_path(self.url)
+        if path is None:
+            return False  # object stores have no folders: the lock's conditional write decides
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            os.mkdir(path)
+        except FileExistsError:
+            return False
+        except OSError as e:
+            raise UsageError(
+                f"OUT ({self.url}) cannot be created ({e.strerror or e}); choose a location "
+                "you can write to"
+            ) from e
+        return True
+
+    def remove_ours(self) -> None:
+        """--overwrite: delete what this tool wrote inside OUT, after refusing an OUT that
+        holds anything else (the caller holds OUT's lock, which stays)."""
+        self._check_nothing_foreign()
+        owned.remove_ours(self.url, self.storage_options, keep=(lock.LOCK_NAME,))
+
+    def _check_nothing_foreign(self) -> None:
+        _, foreign = owned.entries(self.url, self.storage_options)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (
+                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+            )
+            raise UnsafeOutputError(
+                f"OUT ({self.url}) holds {len(foreign)} file(s) this tool did not write ({shown}); "
+                "--overwrite replaces only our own array: move them out or choose another OUT"
+            )
 
     def create(
         self,
@@ -105,8 +178,9 @@ class Output:
         dimension_names: tuple[str, str] | None = None,
         zarr_format: int = 3,
     ) -> Any:
-        """Create (or replace) OUT: Zarr v3 (v2 inside a v2 group, with xarray's
-        ``_ARRAY_DIMENSIONS``). Floats are filled with NaN so unwritten tiles show."""
+        """Create OUT, never over anything (``claim`` and ``remove_ours`` come first): Zarr v3
+        (v2 inside a v2 group, with xarray's ``_ARRAY_DIMENSIONS``). Floats are filled with
+        NaN so unwritten tiles show."""
         fill = np.nan if np.dtype(dtype).kind in "fc" else 0
         attrs: dict[str, Any] = {ATTRS_KEY: attributes}
         names: dict[str, Any] = {}
@@ -125,7 +199,7 @@ class Output:
             zarr_format=zarr_format,  # type: ignore[arg-type]
             attributes=attrs,
             storage_options=fsspec_options(self.url, self.storage_options),
-            overwrite=True,
+            overwrite=False,  # replacing is remove_ours' job, under OUT's lock
             **names,
         )
 
@@ -147,12 +221,6 @@ class Output:
     def refresh_consolidated(self) -> list[str]:
         """Re-consolidate the groups around OUT that have consolidated metadata."""
         return groups.refresh_consolidated(self.url, self.storage_options)
-
-    @contextlib.contextmanager
-    def locked(self) -> Iterator[dict[str, Any]]:
-        """Hold OUT's writer lock for the duration of the job."""
-        with lock.hold_lock(self.url, self.storage_options) as mine:
-            yield mine
 
     def finished_tiles(
         self, plan: MatmulPlan, fingerprint: str, state: dict[str, Any]
@@ -187,7 +255,7 @@ def output_compressors(dtype: str, zarr_format: int = 3) -> Any:
     a 12288² float32 product at ratio 1.07 for 3x the write CPU of no compression, zstd 1.09
     at 3x), and writing is on the critical path; Blosc-LZ4 for integers, which compress.
     """
-    choice = str(dask.config.get("tilegemm.output-compressor", "auto"))
+    choice = settings.get("output-compressor")  # "none" also when the environment gave None
     if choice == "auto":
         choice = "none" if np.dtype(dtype).kind in "fc" else "lz4"
     if choice == "none":

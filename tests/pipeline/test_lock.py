@@ -1,4 +1,6 @@
-"""The writer's lock: a live job's lock refuses a second writer; a dead job's is taken over."""
+"""One job per OUT: the lock is taken atomically (flock on local files), a live holder refuses
+every other writer, a dead one's lock is free, and real processes racing for one OUT leave
+exactly one winner whose product OUT holds, never a mix."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -17,8 +20,26 @@ import zarr
 from distributed import Client
 
 from pipeline import multiply
-from pipeline.errors import UnsafeOutputError
-from tests.helpers import assert_product, random_matrix, write_array
+from pipeline.errors import JobError, UnsafeOutputError
+from pipeline.store import lock
+from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
+
+HOLD = textwrap.dedent(
+    """
+    import sys, time
+    from pipeline.store import lock
+    try:
+        held = lock.acquire(sys.argv[1], {})
+    except Exception as e:
+        print("refused", type(e).__name__, flush=True)
+        sys.exit(3)
+    print("holding", time.time(), flush=True)
+    time.sleep(float(sys.argv[2]))
+    released = time.time()
+    held.release()
+    print("released", released, flush=True)
+    """
+)
 
 
 @pytest.fixture
@@ -33,9 +54,18 @@ def inputs(tmp_path: Path) -> tuple[str, str, np.ndarray, np.ndarray]:
     )
 
 
+def holder(out: Path, seconds: float) -> subprocess.Popen[str]:
+    """A process of its own that takes OUT's lock with the tool's code and keeps it."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    argv = [sys.executable, "-c", HOLD, str(out), str(seconds)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("holding")
+    return proc
+
+
 def write_lock(out: Path, pid: int, host: str, process_started: float) -> None:
-    lock = {"pid": pid, "host": host, "started": time.time(), "process_started": process_started}
-    (out / "lock.json").write_text(json.dumps(lock))
+    lock_ = {"pid": pid, "host": host, "started": time.time(), "process_started": process_started}
+    (out / "lock.json").write_text(json.dumps(lock_))
 
 
 def test_live_lock_refuses_second_writer(tmp_path: Path, client: Client, inputs: tuple) -> None:
@@ -43,36 +73,146 @@ def test_live_lock_refuses_second_writer(tmp_path: Path, client: Client, inputs:
     out = tmp_path / "c.zarr"
     multiply(a_url, b_url, str(out), client=client)
     assert not (out / "lock.json").exists(), "the lock must be released after a job"
-    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    proc = holder(out, 60)
     try:
-        write_lock(out, holder.pid, socket.gethostname(), psutil.Process(holder.pid).create_time())
         before = zarr.open_array(str(out))[:]
         for flags in ({"overwrite": True}, {"resume": True}):
-            with pytest.raises(UnsafeOutputError, match=rf"another job \(pid {holder.pid} on"):
+            with pytest.raises(UnsafeOutputError, match=rf"another job \(pid {proc.pid} on"):
                 multiply(a_url, b_url, str(out), client=client, **flags)
         np.testing.assert_array_equal(zarr.open_array(str(out))[:], before)
     finally:
-        holder.kill()
-        holder.wait()
+        proc.kill()
+        proc.wait()
+    # Killed (no clean-up): its lock file stays, but the kernel dropped the lock with it.
+    assert (out / "lock.json").exists()
+    result = multiply(a_url, b_url, str(out), client=client, resume=True)
+    assert result.tiles_skipped == result.plan.n_tiles
 
 
-def test_stale_lock_is_taken_over(tmp_path: Path, client: Client, inputs: tuple) -> None:
+@pytest.mark.parametrize(
+    "host, pid_of",
+    [
+        # a job that is gone
+        ("self", "dead"),
+        # pid reuse: the lock names a live process (this one) that does not hold the lock
+        ("self", "live"),
+        # a lock file from another host (over NFS its live holder would hold the flock too)
+        ("some-other-host", "live"),
+    ],
+)
+def test_lock_file_without_holder_is_taken_over(
+    tmp_path: Path, client: Client, inputs: tuple, host: str, pid_of: str
+) -> None:
     a_url, b_url, a, b = inputs
     out = tmp_path / "c.zarr"
     multiply(a_url, b_url, str(out), client=client)
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    write_lock(out, dead.pid, socket.gethostname(), 0.0)
+    if pid_of == "dead":
+        dead = subprocess.Popen([sys.executable, "-c", "pass"])
+        dead.wait()
+        pid = dead.pid
+    else:
+        pid = os.getpid()
+    started = psutil.Process(pid).create_time() if pid_of == "live" else 0.0
+    write_lock(out, pid, socket.gethostname() if host == "self" else host, started)
     result = multiply(a_url, b_url, str(out), client=client, resume=True)
     assert result.tiles_skipped == result.plan.n_tiles
     assert not (out / "lock.json").exists()
     assert_product(zarr.open_array(str(out))[:], a, b)
 
 
-def test_lock_from_another_host_is_refused(tmp_path: Path, client: Client, inputs: tuple) -> None:
+def test_processes_racing_for_one_lock_leave_one_winner(tmp_path: Path) -> None:
+    """Many rounds of four processes started together: never two holders at once."""
+    out = tmp_path / "c.zarr"
+    out.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for _ in range(12):
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", HOLD, str(out), "0.4"],
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            for _ in range(4)
+        ]
+        said = [p.communicate(timeout=60)[0].split() for p in procs]
+        held = sorted((float(s[1]), float(s[3])) for s in said if s[0] == "holding")
+        refused = [s for s in said if s[0] != "holding"]
+        assert held and len(held) + len(refused) == 4, said
+        assert all(s == ["refused", "UnsafeOutputError"] for s in refused), said
+        # Never two at once: one started after the winner let go may win in turn.
+        for (_, end), (start, _) in zip(held, held[1:], strict=False):
+            assert start >= end, f"two holders at once: {held}"
+        assert not (out / "lock.json").exists()
+
+
+def test_cli_jobs_racing_into_one_new_out(tmp_path: Path) -> None:
+    """Two real CLI jobs, A @ B and A2 @ B, started together into one new OUT: one wins and
+    OUT holds exactly its product; the other exits 2 naming the holder or the change."""
+    rng = np.random.default_rng(3)
+    a, a2, b = (random_matrix(rng, s, "float32") for s in ((60, 40), (60, 40), (40, 50)))
+    urls = [
+        write_array(tmp_path / f"{n}.zarr", x, (20, 20))
+        for n, x in (("a", a), ("a2", a2), ("b", b))
+    ]
+    for round_ in range(3):
+        out = tmp_path / f"c{round_}.zarr"
+        argv = [
+            [u, urls[2], str(out), "--no-progress", "--dashboard-address", ":0"] for u in urls[:2]
+        ]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        procs = [
+            subprocess.Popen([sys.executable, "-m", "pipeline", "multiply", *x], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for x in argv
+        ]  # fmt: skip
+        done = [(p.wait(timeout=120), p.communicate()[1]) for p in procs]
+        codes = sorted(code for code, _ in done)
+        assert codes == [0, 2], done
+        winner = [i for i, (code, _) in enumerate(done) if code == 0][0]
+        loser_err = done[1 - winner][1]
+        assert "error: OUT" in loser_err and (
+            "another job" in loser_err or "already exists" in loser_err or "changed" in loser_err
+        ), loser_err
+        assert_product(zarr.open_array(str(out))[:], (a, a2)[winner], b)
+        assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is True
+
+
+def test_lock_is_checked_before_the_completion_mark(
+    tmp_path: Path, client: Client, inputs: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
     a_url, b_url, _, _ = inputs
     out = tmp_path / "c.zarr"
-    multiply(a_url, b_url, str(out), client=client)
-    write_lock(out, os.getpid(), "some-other-host", 0.0)
-    with pytest.raises(UnsafeOutputError, match="another host.*delete .*lock.json"):
-        multiply(a_url, b_url, str(out), client=client, overwrite=True)
+    monkeypatch.setattr(lock.HeldLock, "still_held", lambda self: False)
+    with pytest.raises(JobError, match="lost its lock"):
+        multiply(a_url, b_url, str(out), client=client)
+    assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is False
+
+
+def test_held_lock_notices_removal_and_replacement(tmp_path: Path) -> None:
+    out = tmp_path / "c.zarr"
+    out.mkdir()
+    held = lock.acquire(str(out), {})
+    assert held.still_held()
+    (out / "lock.json").unlink()
+    assert not held.still_held(), "removed by hand"
+    (out / "lock.json").write_text("{}")
+    assert not held.still_held(), "replaced by another file"
+    held.release()
+    assert (out / "lock.json").exists(), "a lock that is not ours is never removed"
+
+
+def test_unwritable_out_location_is_exit_2_before_any_cluster(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        # root writes anywhere: a read-only file system stands in (/proc takes no new folders)
+        where = "/proc/tilegemm-out.zarr"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o555)
+        where = str(ro / "c.zarr")
+    a_url = write_array(tmp_path / "a.zarr", np.ones((4, 4), "float32"), (2, 2))
+    done = run_cli("multiply", a_url, a_url, where, "--no-progress")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("error: OUT") and "cannot be created" in done.stderr
+    assert "started" not in done.stderr, "refused before a cluster started"
