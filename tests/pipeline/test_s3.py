@@ -102,3 +102,34 @@ def test_arrays_opened_on_s3_bring_their_options(s3: dict[str, Any], client: Cli
     out = "s3://bucket/t3/c.zarr"
     multiply(a_array, b_array, out, client=client)
     assert_product(zarr.open_array(out, mode="r", storage_options=s3)[:], a, b)
+
+
+def test_lock_on_s3_is_a_conditional_create(s3: dict[str, Any]) -> None:
+    """Two holders can't both create lock.json (If-None-Match); another host's lock is refused
+    with the key to delete; a dead local holder's is taken over."""
+    import json
+    import socket
+
+    import s3fs
+
+    from pipeline.errors import UnsafeOutputError
+    from pipeline.store import lock
+
+    url = "s3://bucket/locked.zarr"
+    first = lock.acquire(url, s3)
+    with pytest.raises(UnsafeOutputError, match=r"being written by another job \(pid"):
+        lock.acquire(url, s3)
+    first.release()
+    fs = s3fs.S3FileSystem(**s3)
+    assert not fs.exists("bucket/locked.zarr/lock.json")
+    other = {"pid": 1, "host": "elsewhere", "started": time.time(), "token": "x"}
+    fs.pipe_file("bucket/locked.zarr/lock.json", json.dumps(other).encode())
+    with pytest.raises(UnsafeOutputError, match=r"another host.*delete s3://bucket/locked.zarr/"):
+        lock.acquire(url, s3)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = {**other, "pid": dead.pid, "host": socket.gethostname(), "process_started": 0}
+    fs.pipe_file("bucket/locked.zarr/lock.json", json.dumps(gone).encode())
+    held = lock.acquire(url, s3)
+    assert held.still_held()
+    held.release()
