@@ -103,11 +103,16 @@ class ScrubLogs(logging.Filter):
         self.secrets = set(secrets)
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            record.msg, record.args = scrub(record.getMessage(), self.secrets), None
-            if record.exc_info and record.exc_info[0] is not None:
-                text = "".join(traceback.format_exception(*record.exc_info))
-                record.exc_info, record.exc_text = None, scrub(text.rstrip("\n"), self.secrets)
+        if not self.secrets:
+            return True
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed call: logging reports it, not us
+            return True
+        record.msg, record.args = scrub(message, self.secrets), None
+        if record.exc_info and record.exc_info[0] is not None:
+            text = "".join(traceback.format_exception(*record.exc_info))
+            record.exc_info, record.exc_text = None, scrub(text.rstrip("\n"), self.secrets)
         return True
 
 
