@@ -23,12 +23,13 @@ import socket
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
 
 from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
 from pipeline.store.fs import local_path, url_to_fs
 
 log = logging.getLogger("pipeline")
@@ -42,10 +43,12 @@ class HeldLock:
     """A lock this process holds; ``still_held`` is checked before OUT is marked complete."""
 
     url: str
-    storage_options: dict[str, Any]
+    storage_options: dict[str, Any] = field(metadata=SENSITIVE_FIELD)
     token: str
     fd: int | None = None
     """The flock'd descriptor (local files); None on object stores."""
+
+    __repr__ = redacted_repr
 
     def still_held(self) -> bool:
         if self.fd is not None:

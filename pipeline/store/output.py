@@ -21,6 +21,7 @@ from zarr.codecs import BloscCodec
 
 from pipeline import settings
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
+from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import groups, journal, lock, owned
 from pipeline.store.fs import (
     check_protocol,
@@ -46,8 +47,10 @@ class Output:
     """OUT at ``url``; pickled to the workers, which open it themselves."""
 
     url: str
-    storage_options: dict[str, Any] = field(default_factory=dict)
-    """fsspec options (``endpoint_url``, ``anon``, ...)."""
+    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
+    """fsspec options (``endpoint_url``, ``anon``, ...); repr hides secrets."""
+
+    __repr__ = redacted_repr
 
     def check_path(self, inputs: list[str]) -> None:
         """Refuse OUT equal to, inside, or containing an input (overwrite could destroy it),

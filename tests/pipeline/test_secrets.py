@@ -76,6 +76,7 @@ def test_a_job_never_shows_its_secrets(inputs: tuple[str, str, str]) -> None:
     job = prepare(*inputs, storage_options=OPTIONS)
     assert job.store.storage_options == OPTIONS  # the workers still get them
     assert_hidden(repr(job), str(job), repr(job.store), repr(job.options), job.describe())
+    assert_hidden(repr(job.output))
     assert "'secret': '***'" in repr(job.store) and "'secret': '***'" in repr(job.options)
 
 
