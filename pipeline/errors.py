@@ -27,6 +27,20 @@ class InputError(PipelineError, ValueError):
     """An input array exists but cannot be multiplied (rank, dtype, shape)."""
 
 
+class ChunkSizeError(InputError):
+    """A stored chunk declares more (or fewer) bytes than its shape holds: refused undecoded."""
+
+    def __init__(self, message: str, declared: int | None, expected: int) -> None:
+        super().__init__(message)
+        self.declared = declared
+        """Bytes the chunk's frames declare (None: they declare none)."""
+        self.expected = expected
+        """Bytes the chunk's shape and dtype hold."""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from worker to client whole
+        return (type(self), (str(self), self.declared, self.expected))
+
+
 class IntegerOverflowError(InputError, OverflowError):
     """An integer product's worst case does not fit OUT's dtype (refused before any work)."""
 
@@ -45,6 +59,10 @@ class UnsafeOutputError(PipelineError, ValueError):
 
 class MemoryBudgetError(PipelineError, ValueError):
     """No plan fits the memory budget."""
+
+
+class PlanLimitError(PipelineError, ValueError):
+    """The plan needs more tasks, or more K panels per task, than the configured limit."""
 
 
 class BackendUnavailableError(PipelineError, RuntimeError):

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 def format_plan(plan: MatmulPlan) -> str:
     (m, k), n = plan.a.shape, plan.b.shape[1]
     rows, cols = plan.grid
-    widths = [k1 - k0 for k0, k1 in plan.k_panels]
+    panels = plan.k_panels
     lines = [
         (
             "product",
@@ -32,7 +32,7 @@ def format_plan(plan: MatmulPlan) -> str:
         ("tiles", f"{plan.n_tiles} ({rows}x{cols}) of {plan.tile_shape[0]}x{plan.tile_shape[1]}"),
         (
             "K panels",
-            f"{len(widths)} per tile, width {min(widths, default=0)}-{max(widths, default=0)}",
+            f"{len(panels)} per tile, width {panels.narrowest}-{panels.widest}",
         ),
         ("split-K", f"{plan.split_k} group(s) per tile, {plan.n_tasks} product task(s)"),
         (

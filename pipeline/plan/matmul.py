@@ -13,7 +13,7 @@ import numpy as np
 
 from pipeline.plan.device import DeviceModel
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
-from pipeline.plan.spec import ArraySpec, Tile
+from pipeline.plan.spec import ArraySpec, KPanels, Tile
 
 FLOPS_PER_THREAD = 90e9
 """One thread's float32 multiply rate, in flop/s (OpenBLAS sgemm measured here; float64 half)."""
@@ -36,8 +36,8 @@ class MatmulPlan:
     """dtype of the accumulator and of the panels given to the kernel."""
     tile_shape: tuple[int, int]
     """Rows and columns of a full tile, in elements (whole output chunks, or shards)."""
-    k_panels: tuple[tuple[int, int], ...]
-    """[k0, k1) ranges that every tile streams, in order."""
+    k_panels: KPanels
+    """[k0, k1) ranges that every tile streams, in order (counted, not listed)."""
     split_k: int
     """Number of K groups per tile; 1 means no split."""
     workers: int
@@ -67,7 +67,7 @@ class MatmulPlan:
     @property
     def panel_width(self) -> int:
         """The widest K panel, in elements."""
-        return max((k1 - k0 for k0, k1 in self.k_panels), default=0)
+        return self.k_panels.widest
 
     @property
     def panel_pair_bytes(self) -> int:
@@ -173,9 +173,11 @@ class MatmulPlan:
             for i in range(rows):
                 yield Tile((i, j), (i * tm, min((i + 1) * tm, m)), (j * tn, min((j + 1) * tn, n)))
 
-    def k_groups(self) -> list[tuple[tuple[int, int], ...]]:
+    def k_groups(self) -> list[KPanels]:
         """The K panels split into ``split_k`` contiguous groups (fixed order: deterministic)."""
-        return [tuple(g) for g in _split_even(list(self.k_panels), self.split_k)]
+        size, extra = divmod(len(self.k_panels), self.split_k)
+        starts = [g * size + min(g, extra) for g in range(self.split_k + 1)]
+        return [self.k_panels[starts[g] : starts[g + 1]] for g in range(self.split_k)]
 
 
 def cpu_resource_seconds(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
@@ -223,13 +225,3 @@ def row_bands(rows: int, block_rows: int | None) -> list[tuple[int, int]]:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _split_even(items: list[tuple[int, int]], groups: int) -> list[list[tuple[int, int]]]:
-    size, extra = divmod(len(items), groups)
-    out, start = [], 0
-    for g in range(groups):
-        stop = start + size + (1 if g < extra else 0)
-        out.append(items[start:stop])
-        start = stop
-    return out

@@ -20,15 +20,18 @@ def calculate_task_bytes(
     chunks: tuple[tuple[int, int], tuple[int, int], tuple[int, int]],
     split_k: int,
     first_band_rows: int,
+    shape: tuple[int, int, int] | None = None,
 ) -> tuple[int, int]:
     """Projected peak host and device bytes of one tile task.
 
     ``dtypes``: A's, B's, the compute and the output dtype; ``chunks``: A's, B's and OUT's
-    outer chunks (its shards when sharded: zarr encodes a shard whole before storing it).
+    outer chunks (its shards when sharded: zarr encodes a shard whole before storing it);
+    ``shape``: M, K and N (None: unbounded axes, a little more conservative).
     Host: the accumulator, plus the larger of two phases. Streaming K: two panels of A and B
     (the one in use and the one being prefetched), each in the stored and the compute dtype
-    when those differ, and zarr's buffers for up to ZARR_CONCURRENCY chunks per panel read,
-    stored and decoded. The last panel (nothing left to prefetch): one pair of panels while
+    when those differ, and zarr's buffers for up to ZARR_CONCURRENCY of the stored chunks a
+    panel read touches, stored and decoded, each whole (zarr decodes a chunk whole, even one
+    larger than the array). The last panel (nothing left to prefetch): one pair of panels while
     finished bands (``first_band_rows`` is the largest) are cast and written, an encoded and a
     compressed copy per chunk in flight. With split K, the reduction holds three tiles and the
     write task the whole tile's buffers. Device: the accumulator and one panel of each input.
@@ -40,16 +43,17 @@ def calculate_task_bytes(
     c_item, o_item = np.dtype(compute_dtype).itemsize, np.dtype(out_dtype).itemsize
     a_panel = tm * width * (a_item + (c_item if a_dtype != compute_dtype else 0))
     b_panel = width * tn * (b_item + (c_item if b_dtype != compute_dtype else 0))
+    m, k, n = shape or (None, None, None)
     reads = 2 * (  # a stored (compressed) and a decoded copy of each chunk in flight
-        min(tm * width, ZARR_CONCURRENCY * math.prod(chunks[0])) * a_item
-        + min(width * tn, ZARR_CONCURRENCY * math.prod(chunks[1])) * b_item
+        chunks_in_flight((tm, width), chunks[0], (m, k)) * a_item
+        + chunks_in_flight((width, tn), chunks[1], (k, n)) * b_item
     )
     acc = tm * tn * c_item
     streaming = 2 * (a_panel + b_panel) + reads
     cast = out_dtype != compute_dtype
 
     def written(rows: int) -> int:  # zarr's buffers writing ``rows`` of the tile, and the cast
-        in_flight = 2 * min(rows * tn, ZARR_CONCURRENCY * math.prod(chunks[2])) * o_item
+        in_flight = 2 * chunks_in_flight((rows, tn), chunks[2], (m, n)) * o_item
         return in_flight + (rows * tn * o_item if cast else 0)
 
     if split_k > 1:
@@ -58,6 +62,31 @@ def calculate_task_bytes(
         host = acc + max(streaming, a_panel + b_panel + written(first_band_rows))
     device = acc + (tm * width + width * tn) * c_item
     return host, device
+
+
+def chunks_in_flight(
+    block: tuple[int, int], chunk: tuple[int, int], extent: tuple[int | None, int | None]
+) -> int:
+    """Elements of the stored chunks zarr holds at once reading (or writing) ``block``: up to
+    ZARR_CONCURRENCY of the chunks it touches, each whole."""
+    touched = math.prod(
+        chunks_touched(span, size, axis)
+        for span, size, axis in zip(block, chunk, extent, strict=True)
+    )
+    return min(touched, ZARR_CONCURRENCY) * math.prod(chunk)
+
+
+def chunks_touched(span: int, chunk: int, extent: int | None) -> int:
+    """The most chunks a run of ``span`` elements overlaps when runs start at multiples of
+    ``span`` along an axis of ``extent`` elements (None: unbounded): a run starts at most
+    ``chunk - gcd(span, chunk)`` into a chunk."""
+    if span <= 0 or chunk <= 0:
+        return 0
+    most = -(-(span + chunk - math.gcd(span, chunk)) // chunk)
+    if extent is None:
+        return most
+    whole = -(-extent // chunk)
+    return whole if span >= extent else min(most, whole)
 
 
 def calculate_worker_bytes(

@@ -13,10 +13,11 @@ from typing import Any
 import numpy as np
 
 from kernels.backends import CPU, CPU_GEMM_BLOCK, get_backend
-from pipeline.errors import InputError, MemoryBudgetError, UsageError
+from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
 from pipeline.plan.device import DeviceModel
 from pipeline.plan.gpu import first_band_rows, fits, with_device
 from pipeline.plan.layout import output_spec
+from pipeline.plan.limits import PlanLimits, check_panels, task_limit_message
 from pipeline.plan.matmul import MatmulPlan, ceil_div
 from pipeline.plan.memory import (
     WORKER_OVERHEAD_BYTES,
@@ -24,7 +25,7 @@ from pipeline.plan.memory import (
     calculate_task_bytes,
     calculate_worker_bytes,
 )
-from pipeline.plan.spec import ArraySpec, OutputSpec
+from pipeline.plan.spec import ArraySpec, KPanels, OutputSpec
 from pipeline.plan.units import format_bytes
 
 MIN_TASKS = 8
@@ -32,28 +33,31 @@ MIN_TASKS = 8
 cluster, so the summation tree is the same on any cluster)."""
 MAX_AXIS_CANDIDATES = 48
 """Tile sizes tried per axis at most (all of them for up to ~600 chunks)."""
+EXACT_AXIS_CHUNKS = 2**24
+"""Axes of more chunks get a geometric subset of tile sizes without listing every one (the
+exact list takes O(√chunks) time and memory: seconds and hundreds of MB at 10^12)."""
 MIN_PANEL_WIDTH = 512
 """Narrower K panels waste BLAS calls and storage requests, so adjacent chunks are merged."""
 
 
-def plan_k_panels(k: int, a_chunk: int, b_chunk: int, target: int) -> tuple[tuple[int, int], ...]:
-    """K ranges of about ``target`` wide, cut where both inputs' chunks end when possible.
+def plan_k_panels(k: int, a_chunk: int, b_chunk: int, target: int) -> KPanels:
+    """K cut every ``width`` elements (about ``target``), the last panel reaching K when it
+    is within ``target``; counted, not listed.
 
-    A cut at a boundary of only one grid makes the other array decode that chunk twice,
-    so boundaries shared by both grids are preferred, then either grid's, then any.
+    A cut at a boundary of only one grid makes the other array decode that chunk twice, so
+    the width is a multiple of both inputs' K chunks when one fits in ``target``, else of
+    whichever input's chunk gives the wider panels.
     """
-    target = max(target, a_chunk, b_chunk, 1)
-    panels, start = [], 0
-    while start < k:
-        limit = min(start + target, k)
-        stop = limit
-        if limit < k:
-            common = _last_multiple(limit, math.lcm(a_chunk, b_chunk))
-            either = max(_last_multiple(limit, a_chunk), _last_multiple(limit, b_chunk))
-            stop = common if common > start else either if either > start else limit
-        panels.append((start, stop))
-        start = stop
-    return tuple(panels)
+    a_chunk, b_chunk = max(a_chunk, 1), max(b_chunk, 1)
+    target = max(target, a_chunk, b_chunk)
+    common = math.lcm(a_chunk, b_chunk)
+    if common <= target:
+        width = target // common * common
+    else:
+        width = max(target // a_chunk * a_chunk, target // b_chunk * b_chunk)
+    k = max(k, 0)
+    total = ceil_div(max(k - target, 0), width) + 1 if k else 0
+    return KPanels(k, width, total)
 
 
 def plan_matmul(
@@ -70,6 +74,7 @@ def plan_matmul(
     device: DeviceModel | None = None,
     decode_threads: int = 1,
     output: OutputSpec | None = None,
+    limits: PlanLimits | None = None,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
@@ -79,7 +84,8 @@ def plan_matmul(
     ``device``: plan a GPU backend's tiles against that device's memory (the accumulator
     lives there; the host holds pinned staging) and its modelled rates, with
     ``decode_threads`` host threads per worker decoding panels;
-    ``output``: OUT's dtype, chunks and shards as asked (default: follow the inputs).
+    ``output``: OUT's dtype, chunks and shards as asked (default: follow the inputs);
+    ``limits``: the most tasks and K panels per task (PlanLimitError beyond them).
     """
     _check_operands(a, b)
     if workers < 1 or threads_per_worker < 1:
@@ -91,6 +97,8 @@ def plan_matmul(
     k = a.shape[1]
     width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
     panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
+    limits = limits or PlanLimits()
+    check_panels(panels, limits)
     spec = get_backend(backend)
     block = gemm_block(out, spec.min_gemm_block)
     # Calibrated and emulated figures are the backend's own rates; class defaults are peaks.
@@ -110,6 +118,7 @@ def plan_matmul(
     }
     best: tuple[tuple[float, int], MatmulPlan] | None = None
     smallest: MatmulPlan | None = None
+    fewest: MatmulPlan | None = None  # the fewest tasks among those that fit the memory
     for shape in [tile_shape] if tile_shape else _tile_candidates(out, block):
         plan = _candidate(shape, cache_fraction, **shared)
         if gpu:
@@ -118,9 +127,15 @@ def plan_matmul(
             smallest = plan
         if not fits(plan, memory_limit_bytes):
             continue
+        if fewest is None or plan.n_tasks < fewest.n_tasks:
+            fewest = plan
+        if plan.n_tasks > limits.max_tasks:
+            continue
         score = (plan.estimated_seconds, plan.read_bytes)
         if best is None or score < best[0]:
             best = (score, plan)
+    if best is None and fewest is not None:
+        raise PlanLimitError(task_limit_message(fewest, limits))
     if best is None:
         assert smallest is not None
         raise MemoryBudgetError(_budget_message(smallest, memory_limit_bytes))
@@ -134,11 +149,12 @@ def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any
     tm, tn = tile_shape
     task, device = calculate_task_bytes(
         tile_shape=(tm, tn),
-        panel_width=max((k1 - k0 for k0, k1 in shared["k_panels"]), default=0),
+        panel_width=shared["k_panels"].widest,
         dtypes=(a.dtype, b.dtype, compute, out.dtype),
         chunks=(a.chunks, b.chunks, out.outer_chunks),  # a shard is encoded whole
         split_k=split,
         first_band_rows=first_band_rows(tm, shared["block_shape"][0]),
+        shape=(a.shape[0], a.shape[1], b.shape[1]),
     )
     tiles = ceil_div(out.shape[0], tm) * ceil_div(out.shape[1], tn)
     workers, threads = shared["workers"], shared["threads_per_worker"]
@@ -203,10 +219,15 @@ def _distinct_multiples(count: int) -> list[int]:
     """Chunks per tile giving every distinct number of tiles along an axis of ``count`` chunks.
 
     ceil(count / q) takes O(√count) distinct values; past MAX_AXIS_CANDIDATES of them a
-    geometric subset is kept, so planning a million-chunk axis stays fast.
+    geometric subset is kept, so planning a million-chunk axis stays fast. Past
+    EXACT_AXIS_CHUNKS chunks even listing them is too slow: a geometric subset of chunks per
+    tile is taken directly, each the fewest giving its tile count.
     """
     if count <= 1:
         return [1]
+    if count > EXACT_AXIS_CHUNKS:
+        tries = np.geomspace(1, count, MAX_AXIS_CANDIDATES)
+        return sorted({ceil_div(count, ceil_div(count, int(q))) for q in tries})
     values, q = set(), 1
     while q <= count:
         value = ceil_div(count, q)
@@ -248,7 +269,3 @@ def _budget_message(plan: MatmulPlan, memory_limit_bytes: int) -> str:
         f"{format_bytes(memory_limit_bytes)}; raise --memory-limit, use fewer threads per "
         f"worker, or store the inputs with smaller chunks{shards}"
     )
-
-
-def _last_multiple(limit: int, step: int) -> int:
-    return (limit // step) * step

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
 
@@ -40,6 +41,65 @@ class OutputSpec:
     """Shard rows and columns, in elements; None: the inputs' shards when they are sharded."""
     zarr_format: int = 3
     """3, or 2 inside a Zarr v2 group (xarray would not see a v3 array there): no shards."""
+
+
+@dataclass(frozen=True)
+class KPanels(Sequence[tuple[int, int]]):
+    """K cut into ``total`` panels, counted rather than listed (a 10^12-wide K is a few ints):
+    panel i is ``[i * width, (i + 1) * width)``, the last one ``[(total - 1) * width, k)``.
+    This range holds panels ``start`` to ``stop``; slicing gives another KPanels."""
+
+    k: int
+    """K, in elements."""
+    width: int
+    """Every panel's width but the last's, in elements (at least 1)."""
+    total: int
+    """Panels in all of K (the last one may be narrower or wider than ``width``)."""
+    start: int = 0
+    """Index of this range's first panel."""
+    stop: int = -1
+    """One past the index of its last panel; -1: ``total``."""
+
+    def __post_init__(self) -> None:
+        if self.stop < 0:
+            object.__setattr__(self, "stop", max(self.total, self.start))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[int, int]: ...
+    @overload
+    def __getitem__(self, index: slice) -> KPanels: ...
+    def __getitem__(self, index: int | slice) -> tuple[int, int] | KPanels:
+        span = range(self.start, self.stop)[index]
+        if isinstance(span, range):
+            if span.step != 1:
+                raise ValueError(f"K panels sliced with step {span.step}; only step 1")
+            return KPanels(self.k, self.width, self.total, span.start, span.stop)
+        return self._panel(span)
+
+    def __iter__(self) -> Iterator[tuple[int, int]]:
+        return map(self._panel, range(self.start, self.stop))
+
+    def _panel(self, i: int) -> tuple[int, int]:
+        return (i * self.width, self.k if i == self.total - 1 else (i + 1) * self.width)
+
+    @property
+    def widest(self) -> int:
+        """The widest panel of this range, in elements (0 when it has none)."""
+        if not self:
+            return 0
+        last = self[-1][1] - self[-1][0]
+        return max(last, self.width) if len(self) > 1 else last
+
+    @property
+    def narrowest(self) -> int:
+        """The narrowest panel of this range, in elements (0 when it has none)."""
+        if not self:
+            return 0
+        last = self[-1][1] - self[-1][0]
+        return min(last, self.width) if len(self) > 1 else last
 
 
 @dataclass(frozen=True)

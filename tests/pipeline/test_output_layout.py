@@ -161,7 +161,7 @@ def test_default_plan_and_fingerprint_did_not_change() -> None:
         "b": _without_shards(plan.b),
         "out": _without_shards(plan.out),
         "tile": plan.tile_shape,
-        "panels": plan.k_panels,
+        "panels": list(plan.k_panels),
     }
     digest = hashlib.sha256(json.dumps(old, sort_keys=True).encode()).hexdigest()[:16]
     assert fingerprint(plan, "digest") == digest

@@ -38,10 +38,24 @@ def spec(shape: tuple[int, int], chunks: tuple[int, int], dtype: str = "float32"
         (12, 3, 4, 7, ((0, 6), (6, 12))),  # no shared cut fits: the largest single-grid cut
         (0, 4, 4, 8, ()),  # empty K: no panels
         (5, 10, 10, 4, ((0, 5),)),  # chunk larger than K
+        (13, 3, 3, 8, ((0, 6), (6, 13))),  # a tail within the target joins the last panel
+        (20, 4, 6, 10, ((0, 8), (8, 16), (16, 20))),  # no shared cut: A's grid, the wider
     ],
 )
 def test_k_panels(k: int, a_chunk: int, b_chunk: int, target: int, expected: tuple) -> None:
-    assert plan_k_panels(k, a_chunk, b_chunk, target) == expected
+    panels = plan_k_panels(k, a_chunk, b_chunk, target)
+    assert tuple(panels) == expected
+    assert [panels[i] for i in range(len(panels))] == list(expected)
+    assert panels.widest == max((k1 - k0 for k0, k1 in expected), default=0)
+
+
+def test_k_panels_are_counted_not_listed() -> None:
+    # A 10^12-wide K is a few ints; its slices (split-K groups) too.
+    panels = plan_k_panels(10**12, 1000, 1000, 512)
+    assert (len(panels), panels.widest, panels[-1]) == (10**9, 1000, (10**12 - 1000, 10**12))
+    group = panels[10:20]
+    assert (len(group), group[0], list(group)[-1]) == (10, (10_000, 11_000), (19_000, 20_000))
+    assert group[1:][0] == (11_000, 12_000) and len(panels[5:5]) == 0
 
 
 @pytest.mark.parametrize(
