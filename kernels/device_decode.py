@@ -100,8 +100,8 @@ def _host_decoded(staged: NDArray[np.uint8], piece: ChunkPiece, dtype: str, stre
     from numcodecs import Zstd
 
     frame = staged[piece.offset : piece.offset + piece.size]
-    raw = Zstd().decode(frame.tobytes())
-    chunk = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(piece.shape)
+    chunk = np.empty(piece.shape, dtype=np.dtype(dtype))
+    Zstd().decode(frame, out=chunk)  # into exactly the chunk's size, whatever the frame says
     return cuda.to_device(chunk, stream=stream)
 
 

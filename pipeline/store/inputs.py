@@ -17,8 +17,15 @@ import zarr.errors
 from numpy.typing import NDArray
 from zarr.core.buffer.cpu import NDBuffer
 
-from pipeline.errors import InputError, InputNotFoundError, UsageError, storage_problem
+from pipeline.errors import (
+    ChunkSizeError,
+    InputError,
+    InputNotFoundError,
+    UsageError,
+    storage_problem,
+)
 from pipeline.plan.spec import ArraySpec
+from pipeline.store.bounded import bounded, check_frames
 from pipeline.store.fs import (
     check_protocol,
     check_shared,
@@ -27,6 +34,7 @@ from pipeline.store.fs import (
     url_to_fs,
 )
 from pipeline.store.handles import cached_array
+from pipeline.store.raw_chunks import stored_chunks
 
 
 def open_input(url: str, storage_options: dict[str, Any] | None = None, name: str = "A") -> Any:
@@ -62,7 +70,7 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
         raise InputNotFoundError(f"{name} ({url}) does not exist; check the path") from e
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         raise InputError(f"{name} ({url}) cannot be opened as a Zarr array: {e}") from e
-    return array
+    return bounded(array)  # its zstd chunks decode into their own size, never more
 
 
 def array_spec(array: Any, name: str) -> ArraySpec:
@@ -163,8 +171,9 @@ def dimension_names(array: Any) -> tuple[str | None, str | None]:
 
 
 def worker_array(url: str, storage_options: dict[str, Any], token: str) -> Any:
-    """Worker side: an input's read-only handle, cached per process and job ``token``."""
-    return cached_array(url, storage_options, token)
+    """Worker side: an input's read-only handle, cached per process and job ``token``, its
+    zstd chunks decoding into their own size, never more."""
+    return bounded(cached_array(url, storage_options, token))
 
 
 def read_block(
@@ -190,31 +199,55 @@ def read_block(
             return out
         block = array[selection]
     except Exception as e:
-        bad = None if storage_problem(e, None) else _bad_chunk(array, rows, cols)
+        bad = None if storage_problem(e, None) else _bad_chunk(array, rows, cols, e)
         if bad is None:
             raise
         (index, span, error) = bad
         key = f"{url.rstrip('/')}/{array.metadata.encode_chunk_key(index)}"
+        where = f"{key} (rows {span[0]}:{span[1]}, columns {span[2]}:{span[3]})"
+        fix = f"restore that chunk from a good copy or rewrite {name}, then rerun with --resume"
+        if isinstance(error, ChunkSizeError):
+            raise ChunkSizeError(
+                f"{name} ({url}) has a chunk of the wrong size: {where}: {error}; {fix}",
+                error.declared,
+                error.expected,
+            ) from e
         raise InputError(
-            f"{name} ({url}) has a chunk that cannot be read: {key} (rows {span[0]}:{span[1]}, "
-            f"columns {span[2]}:{span[3]}) fails with {type(error).__name__}: {error}; restore "
-            f"that chunk from a good copy or rewrite {name}, then rerun with --resume"
+            f"{name} ({url}) has a chunk that cannot be read: {where} fails with "
+            f"{type(error).__name__}: {error}; {fix}"
         ) from e
     return np.ascontiguousarray(block, dtype=dtype)
 
 
+Span = tuple[int, int, int, int]
+
+
 def _bad_chunk(
-    array: Any, rows: tuple[int, int], cols: tuple[int, int]
-) -> tuple[tuple[int, int], tuple[int, int, int, int], Exception] | None:
-    """The first stored chunk of the block that fails when read alone, with its span."""
+    array: Any, rows: tuple[int, int], cols: tuple[int, int], error: Exception
+) -> tuple[tuple[int, int], Span, Exception] | None:
+    """The first stored chunk (or shard) of the block that fails, with its span: for a chunk
+    refused for its declared size, found from the stored frames' headers (nothing decoded
+    again); else the first that fails when read alone."""
     (m, n), (cm, cn) = array.shape, getattr(array, "shards", None) or array.chunks
-    for i in range(rows[0] // cm, -(-rows[1] // cm)):
-        for j in range(cols[0] // cn, -(-cols[1] // cn)):
-            span = (i * cm, min((i + 1) * cm, m), j * cn, min((j + 1) * cn, n))
+    spans = [
+        ((i, j), (i * cm, min((i + 1) * cm, m), j * cn, min((j + 1) * cn, n)))
+        for i in range(rows[0] // cm, -(-rows[1] // cm))
+        for j in range(cols[0] // cn, -(-cols[1] // cn))
+    ]
+    if isinstance(error, ChunkSizeError) and getattr(array, "shards", None) is None:
+        what = f"{cm}x{cn} {np.dtype(array.dtype)} elements"
+        for (index, span), frame in zip(
+            spans, stored_chunks(array, [i for i, _ in spans]), strict=True
+        ):
             try:
-                array[span[0] : span[1], span[2] : span[3]]
-            except Exception as e:  # noqa: BLE001 - whatever the codec or the store raised
-                return (i, j), span, e
+                check_frames(frame if frame is not None else b"", error.expected, what)
+            except ChunkSizeError as e:
+                return index, span, e
+    for index, span in spans:
+        try:
+            array[span[0] : span[1], span[2] : span[3]]
+        except Exception as e:  # noqa: BLE001 - whatever the codec or the store raised
+            return index, span, e
     return None
 
 

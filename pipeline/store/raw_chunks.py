@@ -15,12 +15,15 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.device_decode import ChunkPiece, CompressedPanel
+from pipeline.store.zstd_frames import declared_size
 
 ALIGN = 16
 
 
 def device_decodable(array: Any) -> bool:
     """True when ``array``'s chunks are plain zstd frames of its elements (see above)."""
+    from zarr.codecs import BytesCodec, ZstdCodec
+
     dtype = np.dtype(array.dtype)
     if dtype.byteorder == ">" or getattr(array, "shards", None) is not None:
         return False
@@ -33,37 +36,48 @@ def device_decodable(array: Any) -> bool:
             and not metadata.filters
             and metadata.order == "C"
         )
-    names = [type(codec).__name__ for codec in metadata.codecs]
-    if names != ["BytesCodec", "ZstdCodec"]:
+    if len(metadata.codecs) != 2:
         return False
-    bytes_codec, zstd = metadata.codecs
+    bytes_codec, zstd = metadata.codecs  # zstd may be pipeline.store.bounded's subclass
+    if not (isinstance(bytes_codec, BytesCodec) and isinstance(zstd, ZstdCodec)):
+        return False
     endian = getattr(bytes_codec.endian, "value", bytes_codec.endian)
     return endian in (None, "little") and not zstd.checksum
 
 
-def read_compressed(
-    array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDArray[np.uint8]
-) -> CompressedPanel | None:
-    """The stored chunks of ``array[rows, cols]`` packed into ``out``, with where each piece
-    goes; None when one is missing (its elements are the fill value: decode on the host) or
-    they don't fit in ``out``."""
+def stored_chunks(array: Any, indices: list[tuple[int, int]]) -> list[NDArray[np.uint8] | None]:
+    """The stored (still encoded) bytes of ``array``'s chunks at ``indices``, fetched at once;
+    None for a chunk that is not stored."""
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
-    (cm, cn), metadata = array.chunks, array.metadata
-    indices = [
-        (i, j)
-        for i in range(rows[0] // cm, -(-rows[1] // cm))
-        for j in range(cols[0] // cn, -(-cols[1] // cn))
-    ]
-    paths = [array.store_path / metadata.encode_chunk_key(index) for index in indices]
+    paths = [array.store_path / array.metadata.encode_chunk_key(index) for index in indices]
     prototype = default_buffer_prototype()
 
     async def fetch() -> list[Any]:
         return await asyncio.gather(*(path.get(prototype=prototype) for path in paths))
 
     frames = sync(fetch()) if indices else []
-    if any(frame is None for frame in frames):
+    return [None if frame is None else frame.as_numpy_array() for frame in frames]
+
+
+def read_compressed(
+    array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDArray[np.uint8]
+) -> CompressedPanel | None:
+    """The stored chunks of ``array[rows, cols]`` packed into ``out``, with where each piece
+    goes; None when one is missing (its elements are the fill value: decode on the host), they
+    don't fit in ``out``, or a chunk's frames don't declare exactly its size (the host path,
+    decoding into exactly that size, refuses it or decodes it bounded)."""
+    (cm, cn) = array.chunks
+    indices = [
+        (i, j)
+        for i in range(rows[0] // cm, -(-rows[1] // cm))
+        for j in range(cols[0] // cn, -(-cols[1] // cn))
+    ]
+    stored = stored_chunks(array, indices)
+    chunk_bytes = cm * cn * np.dtype(array.dtype).itemsize
+    frames = [f for f in stored if f is not None and declared_size(f, chunk_bytes) == chunk_bytes]
+    if len(frames) < len(stored):
         return None
     sizes = [len(frame) for frame in frames]
     starts = [0]
@@ -73,11 +87,11 @@ def read_compressed(
         return None
     pieces = []
     for (i, j), frame, size, offset in zip(indices, frames, sizes, starts, strict=False):
-        out[offset : offset + size] = frame.as_numpy_array()
+        out[offset : offset + size] = frame
         r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
         c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
         take = (r0 - i * cm, r1 - i * cm, c0 - j * cn, c1 - j * cn)
         pieces.append(ChunkPiece(offset, size, (cm, cn), take, (r0 - rows[0], c0 - cols[0])))
-    stored = (rows[1] - rows[0]) * (cols[1] - cols[0]) * np.dtype(array.dtype).itemsize
+    elements = (rows[1] - rows[0]) * (cols[1] - cols[0]) * np.dtype(array.dtype).itemsize
     dtype = np.dtype(array.dtype).newbyteorder("<").str
-    return CompressedPanel(tuple(pieces), dtype, starts[-1], stored)
+    return CompressedPanel(tuple(pieces), dtype, starts[-1], elements)
