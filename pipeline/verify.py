@@ -200,7 +200,7 @@ def check_shapes(
     a = io.array_spec(io.open_input(a_url, options, "A"), "A")
     b = io.array_spec(io.open_input(b_url, options, "B"), "B")
     c_array = io.open_input(c_url, options, "C")
-    _check_finished(c_array, c_url)
+    _check_finished(c_array, (a_url, b_url, c_url))
     c = io.array_spec(c_array, "C")
     (m, k), n = a.shape, b.shape[1]
     if k != b.shape[0] or c.shape != (m, n):
@@ -211,16 +211,16 @@ def check_shapes(
     return a, b, c
 
 
-def _check_finished(c: Any, url: str) -> None:
+def _check_finished(c: Any, urls: tuple[str, str, str]) -> None:
     """Refuse a C this tool started and has not finished: its unwritten tiles would be
     reported as wrong elements. A C without our attributes is checked as given."""
     ours = dict(c.attrs).get(ATTRS_KEY)
     if isinstance(ours, dict) and ours.get("complete") is False:
         raise UnfinishedOutputError(
-            f"C ({url}) is a product `multiply` has not finished writing (its "
+            f"C ({urls[2]}) is a product `multiply` has not finished writing (its "
             f"{ATTRS_KEY}.complete attribute is false), so its unwritten tiles would be "
-            "reported as wrong; finish it with `python -m pipeline multiply A B C --resume`, "
-            "then verify"
+            f"reported as wrong; finish it with `python -m pipeline multiply {' '.join(urls)} "
+            "--resume`, then verify"
         )
 
 

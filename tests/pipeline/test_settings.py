@@ -154,7 +154,7 @@ def test_verify_refuses_an_unfinished_out(
     assert main(["verify", a, b, c, "--no-progress"]) == 2  # refused before a cluster starts
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: C ({c}) is a product"), err
-    assert "not finished" in err[0] and "--resume" in err[0]
+    assert f"multiply {a} {b} {c} --resume" in err[0] and "not finished" in err[0]
 
 
 @pytest.mark.parametrize("complete", [True, None])  # finished; not written by this tool
