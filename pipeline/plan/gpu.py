@@ -3,12 +3,14 @@ host, and the modelled time of each resource (pipeline.plan.device)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
 
 from pipeline.plan.device import (
     DECODE_BYTES_PER_SECOND,
+    STAGED_PANELS,
     DeviceModel,
     GpuWork,
     gpu_task_bytes,
@@ -42,6 +44,7 @@ def with_device(
     c, o = np.dtype(plan.compute_dtype).itemsize, np.dtype(plan.out.dtype).itemsize
     if plan.split_k > 1:  # partials come back to the host to be summed
         host += 3 * tm * tn * c
+    host += decode_buffer_bytes(plan, decode_threads)
     busy = plan.busy_threads
     host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
     rows, cols = plan.grid
@@ -72,6 +75,18 @@ def with_device(
         modelled_seconds=makespan(seconds, fill),
         decode_threads=decode_threads,
     )
+
+
+def decode_buffer_bytes(plan: MatmulPlan, decode_threads: int) -> int:
+    """zarr's buffers of the panels being filled at once (a decode thread each, as many as the
+    staged panels): a stored and a decoded copy of one chunk each, whole (a chunk larger
+    than its array is decoded whole too)."""
+    fills = min(decode_threads, 2 * (STAGED_PANELS + 1))
+    chunk = max(
+        math.prod(plan.a.chunks) * np.dtype(plan.a.dtype).itemsize,
+        math.prod(plan.b.chunks) * np.dtype(plan.b.dtype).itemsize,
+    )
+    return fills * 2 * chunk
 
 
 def staging_bytes(plan: MatmulPlan) -> int:
