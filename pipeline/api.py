@@ -32,6 +32,7 @@ from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
 from pipeline.store.raw_chunks import device_decodable
 from pipeline.store.report_file import check_report
+from pipeline.store.signature import key_encoding
 
 log = logging.getLogger("pipeline")
 
@@ -104,14 +105,14 @@ def _locate(
     sources = [("storage_options=", dict(storage_options or {}))]
     sources += [(name, opts) for (_, opts), name in zip(located, ("A", "B", "OUT"), strict=True)]
     options = merge_options(sources)
-    given = [url for url, _ in located]
-    for url, name in zip(given, ("A", "B"), strict=False):
-        check_protocol(url, name)
+    a, b, out = (url for url, _ in located)
+    check_protocol(a, "A")
+    check_protocol(b, "B")
     # Overlaps are refused in the caller's spelling (the check resolves links itself) ...
-    Output(given[2], options).check_path(given[:2])
+    Output(out, options).check_path([a, b])
     # ... then OUT is one resolved location for every check and write; inputs are made
     # absolute (workers may run elsewhere), their links left for the file system to follow.
-    return (absolute(given[0]), absolute(given[1]), resolve_url(given[2], "OUT")), options
+    return (absolute(a), absolute(b), resolve_url(out, "OUT")), options
 
 
 def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> MatmulJob:
@@ -133,7 +134,8 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     plan = plan_for(a_spec, b_spec, options, state, None, planning_backend(options.backend))
     dims = dimension_names(inputs.dimension_names(arrays[0]), inputs.dimension_names(arrays[1]))
     digest = _metadata_digest((arrays[0], arrays[1]))
-    return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims)
+    encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
+    return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)
 
 
 def multiply(

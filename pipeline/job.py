@@ -23,7 +23,7 @@ from distributed import Client
 from cluster import ClusterSpec
 from kernels.backends import AUTO, BACKENDS, CPU, get_backend
 from pipeline import settings
-from pipeline.errors import JobError, UsageError
+from pipeline.errors import JobError
 from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
 from pipeline.plan.device import default_decode_threads
 from pipeline.plan.gpu import staging_bytes
@@ -42,10 +42,11 @@ from pipeline.run.client import (
 from pipeline.run.devices import calibrated_device, device_model, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr, warn_if_exposed
+from pipeline.store import resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
-from pipeline.store.signature import data_signature, describe_change
+from pipeline.store.signature import Listing
 
 log = logging.getLogger("pipeline")
 
@@ -115,6 +116,8 @@ class MatmulJob:
     """Planned for the cluster the options describe; ``execute`` re-plans for the live one."""
     dimension_names: tuple[str, str] = DEFAULT_DIMENSIONS
     """OUT's dimension names (A's rows, B's columns), for xarray."""
+    key_encodings: tuple[tuple[str, str], tuple[str, str]] = (("default", "/"),) * 2
+    """A's and B's chunk key encodings (name, separator): --resume maps changed keys to tiles."""
 
     @property
     def output(self) -> Output:
@@ -149,8 +152,8 @@ class MatmulJob:
                 check_gpu_decode(c, backend)
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
-            data = self._input_data()
-            skip = self._start_output(plan, spec.fingerprint, state, data)
+            at_start = resume.listings(self.store)
+            skip = self._start_output(plan, spec.fingerprint, state, at_start)
             before = worker_usage(c)
             try:
                 futures = submit_plan(c, plan, spec, skip)
@@ -158,7 +161,7 @@ class MatmulJob:
             finally:
                 release_panels(c, spec.run_id)
             usage = usage_since(c, before)
-            self._check_finish(held, data)
+            self._check_finish(held, at_start)
             self.output.mark(spec.fingerprint, complete=True)
             verified = self._verify(c, spec.fingerprint) if opts.verify else None
             self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
@@ -171,28 +174,14 @@ class MatmulJob:
             add_to_report(opts.report, result, opts.storage_options)
         return result
 
-    def _input_data(self) -> dict[str, dict[str, Any]]:
-        """The inputs' stored data now (listings, no data read): what --resume compares."""
-        so = self.store.storage_options
-        return {
-            "A": data_signature(self.store.a_url, so),
-            "B": data_signature(self.store.b_url, so),
-        }
-
-    def _check_finish(self, held: HeldLock, data: dict[str, dict[str, Any]]) -> None:
+    def _check_finish(self, held: HeldLock, at_start: dict[str, Listing]) -> None:
         """Before OUT is marked complete: the lock is still ours and no input changed."""
         if not held.still_held():
             raise JobError(
                 f"OUT ({self.store.out_url}) lost its lock during the job (removed or taken "
                 "by hand?); it is not marked complete: rerun with --resume"
             )
-        now = self._input_data()
-        for name in ("A", "B"):
-            if now[name] != data[name]:
-                raise JobError(
-                    f"{describe_change(name, data[name], now[name])} while the job ran; OUT "
-                    "is not marked complete: rerun with --overwrite once the inputs are final"
-                )
+        resume.check_unchanged(self.store, at_start)
 
     def _task_spec(self, plan: MatmulPlan, backend: str) -> TaskSpec:
         rows, cols = plan.grid
@@ -231,43 +220,23 @@ class MatmulJob:
         return (1 if staged else 2) if local else 0
 
     def _start_output(
-        self,
-        plan: MatmulPlan,
-        fp: str,
-        state: dict[str, Any] | None,
-        data: dict[str, dict[str, Any]],
+        self, plan: MatmulPlan, fp: str, state: dict[str, Any] | None, now: dict[str, Listing]
     ) -> set[tuple[int, int]]:
         """Create OUT (or keep it for --resume) and return the tiles already done; the caller
         holds OUT's lock."""
         if self.options.resume and state is not None:
-            self._check_inputs_unchanged(state, data)
-            return self.output.finished_tiles(plan, fp, state)
+            done = self.output.finished_tiles(plan, fp, state)  # refuses another fingerprint
+            return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
         if state is not None:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
-        attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape),
-                      "inputs_data": data}  # fmt: skip
+        self.output.save_input_listings(now)
+        attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
         self.output.create(
             plan.out.shape, plan.out.chunks, plan.out.dtype, attributes,
             shards=plan.out.shards, dimension_names=self.dimension_names,
             zarr_format=self.options.output.zarr_format,
         )  # fmt: skip
         return set()
-
-    def _check_inputs_unchanged(
-        self, state: dict[str, Any], data: dict[str, dict[str, Any]]
-    ) -> None:
-        """--resume keeps tiles computed from the inputs as they were: refuse if they changed."""
-        then = state.get("inputs_data")
-        if not isinstance(then, dict):
-            log.warning("OUT predates input tracking: --resume can't tell whether A or B changed")
-            return
-        for name in ("A", "B"):
-            if then.get(name) != data[name]:
-                raise UsageError(
-                    f"cannot resume {self.store.out_url}: "
-                    f"{describe_change(name, then.get(name) or {}, data[name])} since its tiles "
-                    "were written; use --overwrite to start over"
-                )
 
     def _verify(self, client: Client, fp: str) -> bool:
         from pipeline.verify import verify_product

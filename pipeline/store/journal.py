@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import zlib
 from typing import Any
@@ -11,7 +12,7 @@ import zarr
 
 from pipeline.errors import UsageError
 from pipeline.plan import MatmulPlan
-from pipeline.store.fs import fsspec_options, list_json
+from pipeline.store.fs import fsspec_options, list_json, url_to_fs
 
 log = logging.getLogger("pipeline")
 JOURNAL_DIR = "journal"
@@ -46,3 +47,32 @@ def finished_tiles(
             done.add(tile.index)
     log.info("resume: %d of %d tile(s) already written", len(done), len(tiles))
     return done
+
+
+def stale_tiles(
+    plan: MatmulPlan, a_changed: set[tuple[int, int]], b_changed: set[tuple[int, int]]
+) -> set[tuple[int, int]]:
+    """Tiles that read a changed stored object: every K of their rows of A (an A object's row
+    band) and of their columns of B (a B object's column band)."""
+    a_rows = plan.a.outer_chunks[0]
+    b_cols = plan.b.outer_chunks[1]
+    bands_a = {i for i, _ in a_changed}
+    bands_b = {j for _, j in b_changed}
+    return {
+        t.index
+        for t in plan.tiles()
+        if any(_overlaps(t.rows, i * a_rows, (i + 1) * a_rows) for i in bands_a)
+        or any(_overlaps(t.cols, j * b_cols, (j + 1) * b_cols) for j in bands_b)
+    }
+
+
+def forget(url: str, storage_options: dict[str, Any], tiles: set[tuple[int, int]]) -> None:
+    """Remove the journal entries of ``tiles`` (their bytes are no longer to be trusted)."""
+    fs, path = url_to_fs(url, storage_options)
+    for index in tiles:
+        with contextlib.suppress(FileNotFoundError):
+            fs.rm_file(f"{path.rstrip('/')}/{entry_name(index)}")
+
+
+def _overlaps(span: tuple[int, int], start: int, stop: int) -> bool:
+    return span[0] < stop and start < span[1]

@@ -22,7 +22,7 @@ from zarr.codecs import BloscCodec
 from pipeline import settings
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
-from pipeline.store import groups, journal, lock, owned
+from pipeline.store import groups, journal, lock, owned, signature
 from pipeline.store.fs import (
     check_protocol,
     check_writable,
@@ -95,7 +95,7 @@ class Output:
     @staticmethod
     def _holds_only_lock(fs: Any, path: str) -> bool:
         names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
-        return names <= {lock.LOCK_NAME}
+        return names <= {lock.LOCK_NAME, signature.LISTING_NAME}  # killed before creating
 
     def check_replaceable(self, overwrite: bool, resume: bool) -> None:
         """An existing OUT needs --overwrite or --resume, and no live job writing it."""
@@ -230,6 +230,24 @@ class Output:
     ) -> set[tuple[int, int]]:
         """Tiles journaled under this plan whose bytes still match their checksum."""
         return journal.finished_tiles(self.url, self.storage_options, plan, fingerprint, state)
+
+    def input_listings(self) -> dict[str, Any] | None:
+        """The inputs' listings saved at the last run's start (None: none, or unreadable)."""
+        fs, path = url_to_fs(self.url, self.storage_options)
+        try:
+            found = json.loads(fs.cat_file(f"{path.rstrip('/')}/{signature.LISTING_NAME}"))
+        except (FileNotFoundError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def save_input_listings(self, listings: dict[str, signature.Listing]) -> None:
+        write_bytes(
+            self.url, signature.LISTING_NAME, signature.encode(listings), self.storage_options
+        )
+
+    def forget_tiles(self, tiles: set[tuple[int, int]]) -> None:
+        """Drop journal entries: those tiles are computed again."""
+        journal.forget(self.url, self.storage_options, tiles)
 
     def mark(self, fingerprint: str, **attrs: Any) -> None:
         """Merge ``attrs`` (``complete``, ``verified``) into OUT's attributes."""

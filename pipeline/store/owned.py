@@ -17,7 +17,7 @@ from pipeline.store.lock import LOCK_NAME
 PARTIAL = r"(\.[0-9a-f]{32}\.partial)?"
 """zarr's and our own atomic writes leave ``NAME.<uuid hex>.partial`` when killed mid-write."""
 OWNED = re.compile(
-    r"(zarr\.json|\.zarray|\.zattrs|lock\.json"  # metadata (v3, v2) and the lock
+    r"(zarr\.json|\.zarray|\.zattrs|lock\.json|inputs\.json"  # metadata, the lock, listings
     r"|c/\d+/\d+|\d+[./]\d+"  # chunk keys: v3 ("c/i/j"), v2 ("i.j" or "i/j")
     r"|journal/tile-\d+-\d+\.json"  # the journal
     rf"){PARTIAL}"

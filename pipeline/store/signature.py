@@ -1,6 +1,6 @@
-"""What an input's stored data looked like: a listing of its objects with their sizes and
-modification marks, digested, so --resume can tell that an input changed since OUT's tiles
-were written (and a job, that one changed while it ran).
+"""What an input's stored data looked like: each stored object's name with its size and change
+marks, so --resume can tell which chunks of an input changed since OUT's tiles were written
+(and recompute just the tiles that read them), and a job, that one changed while it ran.
 
 Cost: one listing per input (no data read): a local walk with one ``stat`` per chunk file, or
 one LIST request per 1,000 objects on S3. Local files count their size, mtime, ctime (which
@@ -12,7 +12,7 @@ date step.
 
 from __future__ import annotations
 
-import hashlib
+import json
 from typing import Any
 
 from pipeline.store.fs import url_to_fs
@@ -20,32 +20,57 @@ from pipeline.store.fs import url_to_fs
 MARKS = ("size", "mtime", "created", "ino", "ETag", "etag", "LastModified", "last_modified",
          "generation", "md5Hash", "crc32c", "crc", "date_time")  # fmt: skip
 """Fields of fsspec's ``info`` that change when an object is rewritten, by file system."""
+LISTING_NAME = "inputs.json"
+"""Inside OUT: the inputs' listings as of the last run's start."""
+
+Listing = dict[str, str]
+"""Stored object (relative to the array) -> its size and change marks."""
 
 
-def data_signature(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any]:
-    """{"objects": count, "bytes": stored bytes, "digest": hex} of the input at ``url``."""
+def data_listing(url: str, storage_options: dict[str, Any] | None) -> Listing:
+    """The input at ``url`` as stored now: every object's name and change marks."""
     fs, root = url_to_fs(url, storage_options)
     root = root.rstrip("/")
-    listing = fs.find(root, detail=True) if fs.isdir(root) else {root: fs.info(root)}
-    digest = hashlib.sha256()
-    total = 0
-    for name in sorted(listing):
-        info = listing[name]
-        size = int(info.get("size") or 0)
-        total += size
+    found = fs.find(root, detail=True) if fs.isdir(root) else {root: fs.info(root)}
+    listing = {}
+    for name, info in found.items():
         marks = [str(info.get(k)) for k in MARKS if info.get(k) is not None]
-        digest.update(f"{str(name)[len(root) :]}\t{size}\t{'|'.join(marks)}\n".encode())
-    return {"objects": len(listing), "bytes": total, "digest": digest.hexdigest()[:16]}
+        listing[str(name)[len(root) :].lstrip("/")] = "|".join(marks)
+    return listing
 
 
-def describe_change(name: str, then: dict[str, Any], now: dict[str, Any]) -> str:
-    """``A's stored data changed (36 objects, 1.2e+09 bytes then; 36, 1.2e+09 now)``."""
-    return (
-        f"{name}'s stored data changed ({then.get('objects')} objects, {then.get('bytes')} bytes "
-        f"then; {now['objects']} objects, {now['bytes']} bytes now"
-        + (": same count and size, rewritten in place)" if _same_size(then, now) else ")")
-    )
+def key_encoding(array: Any) -> tuple[str, str]:
+    """(zarr's chunk key encoding name, separator) of an input, to read its chunk keys."""
+    meta = array.metadata
+    if meta.zarr_format == 2:
+        return "v2", meta.dimension_separator or "."
+    encoding = meta.chunk_key_encoding
+    return str(encoding.name), str(encoding.separator)
 
 
-def _same_size(then: dict[str, Any], now: dict[str, Any]) -> bool:
-    return bool(then.get("objects") == now["objects"] and then.get("bytes") == now["bytes"])
+def chunk_index(key: str, encoding: tuple[str, str]) -> tuple[int, int] | None:
+    """(row, column) of a 2-D chunk key (``c/1/0``, ``c.1.0``, ``1.0``, ``1/0``), else None.
+    (zarr 3.1's own ``decode_chunk_key`` mis-reads ``c/1/0``.)"""
+    name, separator = encoding
+    prefix = "c" + separator if name == "default" else ""
+    parts = key.removeprefix(prefix).split(separator) if key.startswith(prefix) else []
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def changed_chunks(then: Listing, now: Listing, encoding: tuple[str, str]) -> set[tuple[int, int]]:
+    """The (row, column) indices of stored objects (chunks, or shards) added, removed or
+    rewritten between two listings; files that are no chunk key (metadata, strays) are left
+    out: a metadata change is the fingerprint's to catch."""
+    changed = set()
+    for key in then.keys() | now.keys():
+        if then.get(key) != now.get(key):
+            index = chunk_index(key, encoding)
+            if index is not None:
+                changed.add(index)
+    return changed
+
+
+def encode(listings: dict[str, Listing]) -> bytes:
+    return json.dumps(listings, sort_keys=True).encode()

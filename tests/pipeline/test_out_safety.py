@@ -115,6 +115,7 @@ def test_overwrite_removes_exactly_our_files(tmp_path: Path, client: Client, inp
     keys = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
     assert keys == [
         "c/0/0",
+        "inputs.json",
         *[f"journal/tile-{i}-{j}.json" for i, j in _tiles(result)],
         "zarr.json",
     ]
@@ -165,24 +166,58 @@ def test_failed_job_leaves_no_new_folder(tmp_path: Path, inputs: tuple) -> None:
     assert not out.exists(), "a folder the job created and never wrote is removed"
 
 
-@pytest.mark.parametrize("how", ["values", "touched", "chunk-removed"])
-def test_resume_refuses_changed_inputs(
-    tmp_path: Path, client: Client, inputs: tuple, how: str
+@pytest.mark.parametrize(
+    "how, stale_rows",
+    [
+        # same metadata, new values everywhere: every tile
+        ("values", None),
+        # one chunk of A's first row band rewritten in place with the same bytes
+        ("touched", 0),
+        # one chunk of A's second row band removed (it reads as the fill value now)
+        ("chunk-removed", 1),
+    ],
+)
+def test_resume_recomputes_tiles_that_read_changed_chunks(
+    tmp_path: Path, client: Client, how: str, stale_rows: int | None
 ) -> None:
-    a_url, b_url, a, b = inputs
+    rng = np.random.default_rng(8)
+    a, b = random_matrix(rng, (768, 30), "float32"), random_matrix(rng, (30, 20), "float32")
+    a_url = write_array(tmp_path / "a.zarr", a, (256, 10))  # tiles: whole 256-row bands
+    b_url = write_array(tmp_path / "b.zarr", b, (10, 10))
+    out = tmp_path / "c.zarr"
+    first = multiply(a_url, b_url, str(out), client=client)
+    assert first.plan.grid[0] >= 2, "A's row bands must be in different tiles"
+    if how == "values":
+        zarr.open_array(a_url, mode="r+")[:] = a + 1
+    elif how == "touched":
+        chunk = Path(a_url) / "c" / "0" / "0"
+        chunk.write_bytes(chunk.read_bytes())
+    else:
+        (Path(a_url) / "c" / "1" / "0").unlink()
+    new_a = np.asarray(zarr.open_array(a_url, mode="r")[:])
+    result = multiply(a_url, b_url, str(out), client=client, resume=True)
+    tiles = {t.index for t in result.plan.tiles()}
+    band = (stale_rows or 0) * 256
+    expected = tiles if stale_rows is None else {
+        t.index for t in result.plan.tiles() if t.rows[0] < band + 256 and band < t.rows[1]
+    }  # fmt: skip
+    assert 0 < len(expected) <= len(tiles)
+    assert (result.tiles_computed, result.tiles_skipped) == (
+        len(expected),
+        len(tiles) - len(expected),
+    )
+    assert_product(zarr.open_array(str(out))[:], new_a, b)
+
+
+def test_resume_refuses_an_out_without_an_input_record(
+    tmp_path: Path, client: Client, inputs: tuple
+) -> None:
+    a_url, b_url, _, _ = inputs
     out = tmp_path / "c.zarr"
     multiply(a_url, b_url, str(out), client=client)
-    first_chunk = Path(a_url) / "c" / "0" / "0"
-    if how == "values":  # same metadata, new values
-        zarr.open_array(a_url, mode="r+")[:] = a + 1
-    elif how == "touched":  # same bytes, rewritten in place (a copy over it)
-        first_chunk.write_bytes(first_chunk.read_bytes())
-    else:
-        first_chunk.unlink()
-    before = listing(out)
-    with pytest.raises(UsageError, match=r"cannot resume .*A's stored data changed.*--overwrite"):
+    (out / "inputs.json").unlink()  # as an OUT of an older version has none
+    with pytest.raises(UsageError, match=r"no record of its inputs.*--overwrite"):
         multiply(a_url, b_url, str(out), client=client, resume=True)
-    assert listing(out) == before
 
 
 def test_resume_with_unchanged_inputs_skips_every_tile(
@@ -198,20 +233,20 @@ def test_resume_with_unchanged_inputs_skips_every_tile(
 def test_input_changing_during_the_job_fails_it(
     tmp_path: Path, client: Client, inputs: tuple, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import pipeline.job
+    import pipeline.store.resume
 
     a_url, b_url, _, _ = inputs
-    real = pipeline.job.data_signature
+    real = pipeline.store.resume.data_listing
     calls: list[str] = []
 
-    def drifting(url: str, options: Any) -> dict[str, Any]:
+    def drifting(url: str, options: Any) -> dict[str, str]:
         calls.append(url)
         found = real(url, options)
-        return {**found, "digest": "changed"} if len(calls) > 2 and url == b_url else found
+        return {**found, "c/0/0": "rewritten"} if len(calls) > 2 and url == b_url else found
 
-    monkeypatch.setattr(pipeline.job, "data_signature", drifting)
+    monkeypatch.setattr(pipeline.store.resume, "data_listing", drifting)
     out = tmp_path / "c.zarr"
-    with pytest.raises(JobError, match="B's stored data changed .* while the job ran"):
+    with pytest.raises(JobError, match=r"input B changed while the job ran .*--resume"):
         multiply(a_url, b_url, str(out), client=client)
     assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is False
 
@@ -265,3 +300,39 @@ def test_random_target_is_claimed(tmp_path: Path) -> None:
     again = write_random(str(tmp_path / "x" / ".." / "r.zarr"), (6, 2), (3, 2), "float32", 2,
                          overwrite=True)  # fmt: skip
     assert again.shape == (6, 2) and zarr.open_array(str(out)).shape == (6, 2)
+
+
+@pytest.mark.parametrize(
+    "key, encoding, index",
+    [
+        ("c/1/0", ("default", "/"), (1, 0)),  # zarr v3's default
+        ("c.12.3", ("default", "."), (12, 3)),
+        ("4.5", ("v2", "."), (4, 5)),  # zarr v2
+        ("4/5", ("v2", "/"), (4, 5)),
+        ("zarr.json", ("default", "/"), None),  # metadata: the fingerprint's to catch
+        ("c/1", ("default", "/"), None),  # not 2-D
+        ("c/1/0", ("v2", "."), None),  # another encoding's key
+        ("notes.txt", ("v2", "."), None),
+        ("c/1/0.0123.partial", ("default", "/"), None),
+    ],
+)
+def test_chunk_index(key: str, encoding: tuple[str, str], index: tuple[int, int] | None) -> None:
+    from pipeline.store.signature import chunk_index
+
+    assert chunk_index(key, encoding) == index
+
+
+def test_stale_tiles_follow_shards(tmp_path: Path) -> None:
+    """A changed shard of A stales every tile over its rows; one of B, every tile over its
+    columns."""
+    from pipeline.plan import ArraySpec, plan_matmul
+    from pipeline.store.journal import stale_tiles
+
+    a = ArraySpec((1024, 64), (128, 64), "float32", shards=(512, 64))
+    b = ArraySpec((64, 1024), (64, 256), "float32")
+    plan = plan_matmul(a, b, workers=1, threads_per_worker=1, memory_limit_bytes=2**30,
+                       tile_shape=(256, 256))  # fmt: skip
+    by_a = stale_tiles(plan, {(1, 0)}, set())
+    assert by_a == {t.index for t in plan.tiles() if t.rows[0] >= 512}
+    by_b = stale_tiles(plan, set(), {(0, 2)})
+    assert by_b == {t.index for t in plan.tiles() if t.cols == (512, 768)}
