@@ -13,7 +13,16 @@ from typing import Any
 import dask
 from distributed import Client
 
-from cluster.spec import ClusterSpec, local_cluster_options
+from cluster.security import (
+    ORIGIN_KEY,
+    LoopbackWorker,
+    check_tls_config,
+    connect_hint,
+    dashboard_names,
+    dashboard_origins,
+    refuse_foreign_hosts,
+)
+from cluster.spec import ClusterSpec, local_cluster_options, split_dashboard_address
 from cluster.tuning import keep_freed_memory, nanny_environ
 
 log = logging.getLogger("pipeline")
@@ -53,6 +62,7 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
     options = {**options, "silence_logs": logging.WARNING if debug else logging.CRITICAL}
     if not options.get("processes", True):
         keep_freed_memory()  # the worker is this process
+        options["worker_class"] = LoopbackWorker
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
@@ -72,32 +82,44 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
             }
         ):
             cluster = LocalCluster(**options)
-        if options.get("scheduler_kwargs", {}).get("dashboard") is False:
-            attach_dashboard(cluster)
+    host = split_dashboard_address(options["dashboard_address"])[0]
+    if options.get("scheduler_kwargs", {}).get("dashboard") is False:
+        attach_dashboard(cluster, host)
+    # The client takes the cluster's TLS credentials (cluster.security) with the cluster.
     with cluster, Client(cluster) as client:
         log.info(
             "started %s with %d worker(s); dashboard: %s",
             type(cluster).__name__,
             len(cluster.workers),
-            dashboard_link(client, spec.dashboard_address),
+            dashboard_link(client, options["dashboard_address"]),
         )
         yield client
 
 
-def attach_dashboard(cluster: Any) -> None:
+def attach_dashboard(cluster: Any, host: str) -> None:
     """Import bokeh in a thread and attach the scheduler's dashboard on its event loop: the
-    job starts meanwhile and /status answers a few tenths of a second later."""
+    job starts meanwhile and /status answers a few tenths of a second later. Its websockets
+    take only the dashboard's own origin (``host`` or another loopback name, and its port):
+    a page from elsewhere open in the user's browser can't drive it; requests naming
+    another host (DNS rebinding) are refused from now on."""
+    scheduler = cluster.scheduler
+    cluster.loop.add_callback(
+        refuse_foreign_hosts, scheduler.http_application, dashboard_names(host)
+    )
 
     def attach() -> None:
         try:
             import distributed.dashboard.scheduler as dashboard
         except ImportError:  # no bokeh: the link says so
             return
-        scheduler = cluster.scheduler
+        origins = dashboard_origins(host, scheduler.http_server.port)
+
+        def connect() -> None:  # bokeh reads the allowed origins from dask config
+            with dask.config.set({ORIGIN_KEY: origins}):
+                dashboard.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
+
         with contextlib.suppress(Exception):  # the job may be over and the loop closed
-            cluster.loop.add_callback(
-                dashboard.connect, scheduler.http_application, scheduler.http_server, scheduler, "/"
-            )
+            cluster.loop.add_callback(connect)
 
     threading.Thread(target=attach, name="dashboard-attach", daemon=True).start()
 
@@ -123,12 +145,13 @@ def connect(address: str) -> Iterator[Client]:
             f"cannot reach the scheduler at {address} ({e}); check the address, "
             "e.g. tcp://HOST:8786"
         ) from e
+    check_tls_config(address)
     try:
         client = Client(address, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as e:
         raise ClusterError(
             f"cannot reach the scheduler at {address} within {CONNECT_TIMEOUT_S} s ({e}); "
-            "check the address and that `dask scheduler` is running there"
+            + connect_hint(address)
         ) from e
     try:
         log.info("connected to %s; dashboard: %s", address, client.dashboard_link)

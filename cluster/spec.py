@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 from dataclasses import dataclass
 from typing import Any
+
+from pipeline.errors import UsageError
+
+LOOPBACK = "127.0.0.1"
+"""Where every listener of a local cluster binds (scheduler, workers, nannies, dashboard)."""
 
 
 @dataclass(frozen=True)
@@ -15,6 +21,38 @@ class ClusterSpec:
     threads_per_worker: int | None = None
     """None means 1 per GPU worker, or every core on the CPU worker."""
     dashboard_address: str = "127.0.0.1:8787"
+    """HOST:PORT of a local cluster's dashboard; HOST on loopback (empty means 127.0.0.1)."""
+
+    def __post_init__(self) -> None:
+        host, port = split_dashboard_address(self.dashboard_address)
+        if self.scheduler is None and not is_loopback(host):
+            raise UsageError(
+                f"dashboard address {self.dashboard_address!r} is not on loopback: a local "
+                "cluster listens on 127.0.0.1 only; give 127.0.0.1:PORT or localhost:PORT and "
+                f"reach it from another machine through SSH: ssh -L {port}:127.0.0.1:{port} HOST"
+            )
+
+
+def split_dashboard_address(address: str) -> tuple[str, int]:
+    """(host, port) of ``HOST:PORT``; the host may be empty. UsageError otherwise."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not port.isdigit() or int(port) > 65535 or ":" in host or "," in host:
+        raise UsageError(
+            f"dashboard address {address!r} is not HOST:PORT (an IPv4 address or a name, and "
+            "a port from 0 to 65535); e.g. --dashboard-address 127.0.0.1:8787, or "
+            "127.0.0.1:0 for any free port"
+        )
+    return host, int(port)
+
+
+def is_loopback(host: str) -> bool:
+    """Empty (taken as 127.0.0.1 here), localhost, or an address in 127.0.0.0/8."""
+    if host in ("", "localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: its addresses are not ours to resolve here
+        return False
 
 
 def local_cluster_options(
@@ -23,29 +61,41 @@ def local_cluster_options(
     """("cuda" | "cpu", keyword arguments for LocalCUDACluster | LocalCluster).
 
     ``memory_limit_bytes`` is per worker; None lets distributed split the machine's memory.
+    Several processes talk TLS with credentials made for this cluster (``security=True``:
+    ``Security.temporary()``), so other users of the host can't join it or run code on it.
     """
+    host, port = split_dashboard_address(spec.dashboard_address)
     common: dict[str, Any] = {
-        "host": "127.0.0.1",
-        "dashboard_address": spec.dashboard_address,
-        "worker_dashboard_address": "127.0.0.1:0",
+        "host": LOOPBACK,
+        "dashboard_address": f"{host or LOOPBACK}:{port}",  # ":PORT" would bind 0.0.0.0
+        # No bokeh pages on the workers: the scheduler's show every worker, and theirs would
+        # take websockets from any origin (their ports are unknown until they start).
+        "worker_dashboard_address": None,
         "memory_limit": memory_limit_bytes or "auto",
+        # Bokeh's import (~0.3 s) would hold up the start: the scheduler's dashboard is
+        # attached once the cluster runs, for its own origin only (cluster.lifecycle).
+        "scheduler_kwargs": {"dashboard": False},
     }
+    tls = {**common, "security": True, "protocol": "tls://"}
     if gpus > 0:
         workers = min(spec.workers or gpus, gpus)  # one worker per GPU, never more
         return "cuda", {
-            **common,
+            **tls,
             "n_workers": workers,
             "threads_per_worker": spec.threads_per_worker or 1,
         }
     workers = spec.workers or 1
     threads = spec.threads_per_worker or max(cpus // workers, 1)
+    if workers > 1:
+        return "cpu", {
+            **tls,
+            "n_workers": workers,
+            "threads_per_worker": threads,
+            "processes": True,
+        }
     # One worker runs in-process: no spawn (~2 s of start-up) and no pickling of tiles; the
-    # BLAS calls and zarr codecs release the GIL. Several workers get processes of their own.
-    options = {**common, "n_workers": workers, "threads_per_worker": threads}
-    if workers == 1:
-        del options["host"]  # in-process transport: nothing listens but the dashboard
-        # Bokeh's import (~0.3 s) would hold up the start: the scheduler's dashboard is
-        # attached once the cluster runs (cluster.lifecycle); no separate worker dashboard.
-        options["scheduler_kwargs"] = {"dashboard": False}
-        options["worker_dashboard_address"] = None
-    return "cpu", {**options, "processes": workers > 1}
+    # BLAS calls and zarr codecs release the GIL. The in-process transport opens no socket
+    # (and takes no host); the worker's HTTP server is put on loopback by cluster.lifecycle.
+    options = {**common, "n_workers": 1, "threads_per_worker": threads, "processes": False}
+    del options["host"]
+    return "cpu", options

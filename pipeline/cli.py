@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import errno
 import logging
 import os
@@ -217,15 +218,16 @@ COMMANDS = {"multiply": run_multiply, "verify": run_verify, "random": run_random
 
 
 def _spec(args: argparse.Namespace, probe_dashboard: bool = True) -> ClusterSpec:
-    address = args.dashboard_address
-    if probe_dashboard and not args.scheduler:
-        address = dashboard_address(address)
-    return ClusterSpec(
+    spec = ClusterSpec(  # a bad --dashboard-address is refused here, before any work
         scheduler=args.scheduler,
         workers=args.workers,
         threads_per_worker=args.threads_per_worker,
-        dashboard_address=address,
+        dashboard_address=args.dashboard_address,
     )
+    if probe_dashboard and not args.scheduler:
+        probed = dashboard_address(spec.dashboard_address)
+        spec = dataclasses.replace(spec, dashboard_address=probed)
+    return spec
 
 
 def dashboard_address(address: str) -> str:

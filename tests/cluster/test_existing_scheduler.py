@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,10 +14,9 @@ import pytest
 import zarr
 from distributed import Client
 
+from tests.cluster.processes import QUIET_HTTP, START_TIMEOUT_S, env, read_address, spawn, stop
 from tests.helpers import assert_product, random_matrix, write_array
 
-REPO = Path(__file__).resolve().parents[2]
-START_TIMEOUT_S = 60
 CLI_TIMEOUT_S = 120
 
 
@@ -31,47 +27,6 @@ class RunningCluster:
     workers: int
 
 
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _spawn(module: str, *args: str, log: Path) -> subprocess.Popen[bytes]:
-    """A dask CLI process in its own session, so teardown can end it and its children."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, "-m", module, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=_env(),
-            start_new_session=True,
-        )
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    if process.poll() is None:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait(timeout=15)
-
-
-def _read_address(scheduler_file: Path, scheduler: subprocess.Popen[bytes]) -> str:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        assert scheduler.poll() is None, "dask scheduler exited during start-up"
-        if scheduler_file.exists():
-            try:
-                return str(json.loads(scheduler_file.read_text())["address"])
-            except (ValueError, KeyError):
-                pass  # still being written
-        time.sleep(0.1)
-    raise TimeoutError(f"no scheduler file {scheduler_file} after {START_TIMEOUT_S} s")
-
-
 @pytest.fixture(scope="module")
 def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningCluster]:
     """`dask scheduler` + `dask worker --nworkers 2` on loopback, killed at teardown."""
@@ -80,20 +35,20 @@ def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
     processes: list[subprocess.Popen[bytes]] = []
     try:
         processes.append(
-            _spawn(
+            spawn(
                 "distributed.cli.dask_scheduler",
-                *("--host", "127.0.0.1", "--port", "0", "--no-dashboard"),
+                *("--host", "127.0.0.1", "--port", "0", *QUIET_HTTP),
                 *("--scheduler-file", str(scheduler_file)),
                 log=root / "scheduler.log",
             )
         )
-        address = _read_address(scheduler_file, processes[0])
+        address = read_address(scheduler_file, processes[0])
         processes.append(
-            _spawn(
+            spawn(
                 "distributed.cli.dask_worker",
                 *("--scheduler-file", str(scheduler_file), "--host", "127.0.0.1"),
                 *("--nworkers", "2", "--nthreads", "1", "--memory-limit", "2GiB"),
-                *("--no-dashboard", "--death-timeout", "60"),
+                *(*QUIET_HTTP, "--death-timeout", "60"),
                 log=root / "worker.log",
             )
         )
@@ -102,7 +57,7 @@ def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
         yield RunningCluster(address, processes, workers=2)
     finally:
         for process in reversed(processes):
-            _stop(process)
+            stop(process)
 
 
 def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
@@ -110,7 +65,7 @@ def run_cli(*args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedP
         [sys.executable, "-m", "pipeline", *args],
         capture_output=True,
         text=True,
-        env=_env(),
+        env=env(),
         timeout=timeout,
         check=False,
     )

@@ -19,6 +19,7 @@ import pytest
 import zarr
 from distributed import Client, get_task_stream
 
+from cluster import ClusterSpec, local_cluster_options
 from pipeline import multiply
 from pipeline.errors import InputError
 from tests.helpers import assert_product, random_matrix, write_array
@@ -39,18 +40,20 @@ def cuda_client() -> Iterator[Client]:
     with warnings.catch_warnings():
         # no NVML here: dask-cuda warns that it cannot pin workers to the mock devices' CPUs
         warnings.filterwarnings("ignore", "Cannot get CPU affinity", UserWarning)
+        # as cluster.start configures it (loopback, temporary TLS), on two mock devices
+        spec = ClusterSpec(workers=2, dashboard_address="127.0.0.1:0")
+        kind, options = local_cluster_options(spec, gpus=2, cpus=2, memory_limit_bytes=2 * 2**30)
+        assert kind == "cuda"
         cluster = LocalCUDACluster(
             CUDA_VISIBLE_DEVICES="0,1",
             device_memory_limit=0,
             worker_class=MockWorker,
             data=dict,
-            host="127.0.0.1",
-            dashboard_address="127.0.0.1:0",
-            scheduler_port=0,
-            memory_limit="2GiB",
+            **options,
         )
     with cluster, Client(cluster) as client:
         client.wait_for_workers(2, timeout=60)
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")
         yield client
 
 

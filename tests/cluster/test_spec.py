@@ -7,6 +7,8 @@ from typing import Any
 import pytest
 
 from cluster import ClusterSpec, local_cluster_options
+from cluster.spec import split_dashboard_address
+from pipeline.errors import UsageError
 
 GiB = 2**30
 
@@ -70,29 +72,79 @@ def test_memory_limit_passthrough(limit: int | None, gpus: int, want: Any) -> No
 
 @pytest.mark.parametrize(("gpus", "workers"), [(0, 1), (0, 2), (1, 1), (4, None)])
 @pytest.mark.parametrize(
-    "dashboard",
+    ("dashboard", "bound"),
     [
         # the default
-        "127.0.0.1:8787",
+        ("127.0.0.1:8787", "127.0.0.1:8787"),
         # a random free port, as tests pass
-        "127.0.0.1:0",
+        ("127.0.0.1:0", "127.0.0.1:0"),
+        # no host: loopback, not distributed's every interface
+        (":0", "127.0.0.1:0"),
+        ("localhost:8787", "localhost:8787"),
     ],
 )
-def test_listens_on_loopback_only(gpus: int, workers: int | None, dashboard: str) -> None:
+def test_listens_on_loopback_only(
+    gpus: int, workers: int | None, dashboard: str, bound: str
+) -> None:
     spec = ClusterSpec(workers=workers, dashboard_address=dashboard)
     _, options = local_cluster_options(spec, gpus, 4)
+    assert options["dashboard_address"] == bound
+    assert options["worker_dashboard_address"] is None  # no bokeh pages on the workers
+    assert options["scheduler_kwargs"] == {"dashboard": False}  # attached for its own origin
     if options.get("processes", True):
-        assert options["host"] == "127.0.0.1"
-    else:  # in-process transport: no scheduler or worker socket at all
-        assert options.get("host", "127.0.0.1") == "127.0.0.1"
-    assert options["dashboard_address"] == dashboard
-    # worker dashboards (when any: the in-process worker has none) listen on loopback too
-    assert options["worker_dashboard_address"] in (None,) or options[
-        "worker_dashboard_address"
-    ].startswith("127.0.0.1:")
+        # several processes: loopback, and TLS with credentials made for this cluster
+        assert (options["host"], options["protocol"]) == ("127.0.0.1", "tls://")
+        assert options["security"] is True
+    else:  # in-process transport: no scheduler or worker socket, and no TLS to need
+        assert "host" not in options and "security" not in options
 
 
 def test_default_spec_starts_a_local_cluster_on_loopback() -> None:
     spec = ClusterSpec()
     assert spec.scheduler is None
     assert spec.dashboard_address.startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        # not HOST:PORT
+        ("nonsense", r"'nonsense' is not HOST:PORT"),
+        ("8787", r"'8787' is not HOST:PORT"),
+        ("127.0.0.1:", r"is not HOST:PORT"),
+        ("127.0.0.1:http", r"is not HOST:PORT"),
+        # a port out of range
+        ("127.0.0.1:65536", r"a port from 0 to 65535"),
+        # IPv6 (distributed's dashboard takes none) and lists
+        ("[::1]:8787", r"an IPv4 address or a name"),
+        ("127.0.0.1:0,127.0.0.1:1", r"is not HOST:PORT"),
+        # off loopback: every interface, a LAN address, a name
+        ("0.0.0.0:8787", r"not on loopback: .* ssh -L 8787:127.0.0.1:8787 HOST"),
+        ("10.0.0.1:0", r"not on loopback"),
+        ("node1.example:8787", r"not on loopback"),
+    ],
+)
+def test_bad_dashboard_addresses_are_refused(address: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        ClusterSpec(dashboard_address=address)
+
+
+@pytest.mark.parametrize(
+    ("address", "want"),
+    [
+        ("127.0.0.1:8787", ("127.0.0.1", 8787)),
+        (":0", ("", 0)),
+        ("localhost:65535", ("localhost", 65535)),
+        ("127.1.2.3:80", ("127.1.2.3", 80)),
+    ],
+)
+def test_good_dashboard_addresses(address: str, want: tuple[str, int]) -> None:
+    assert split_dashboard_address(address) == want
+    ClusterSpec(dashboard_address=address)  # accepted
+
+
+def test_a_joined_cluster_takes_any_dashboard_host() -> None:
+    # --dashboard-address shapes only a local cluster: with --scheduler only its form counts
+    ClusterSpec(scheduler="tcp://10.0.0.1:8786", dashboard_address="0.0.0.0:8787")
+    with pytest.raises(UsageError, match="is not HOST:PORT"):
+        ClusterSpec(scheduler="tcp://10.0.0.1:8786", dashboard_address="nonsense")

@@ -15,9 +15,11 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import psutil
+import pytest
 from dask.utils import key_split
 
-from tests.helpers import write_array
+from tests.helpers import run_cli, write_array
 
 ROOT = Path(__file__).resolve().parents[2]
 DEADLINE_S = 120
@@ -75,6 +77,7 @@ def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
     )
     status, running = 0, False
     prefixes: set[str] = set()
+    listeners: set[tuple[str, int]] = set()
     try:
         deadline = time.monotonic() + DEADLINE_S
         while job.poll() is None and time.monotonic() < deadline:
@@ -82,6 +85,7 @@ def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
             if status == 200:
                 prefixes |= task_prefixes(base)
                 if "matmul-tile" in prefixes:
+                    listeners = listening(job.pid)
                     break
             time.sleep(0.1)
         running = job.poll() is None
@@ -96,3 +100,38 @@ def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
     assert status == 200, f"{base}/status never answered 200:\n{stderr}"
     assert "matmul-tile" in prefixes, f"task prefixes seen: {sorted(prefixes)}"
     assert f"dashboard: {base}/status" in stderr
+    # during the job every socket it listens on is on loopback, the worker's HTTP server too
+    assert ("127.0.0.1", port) in listeners
+    assert {ip for ip, _ in listeners} == {"127.0.0.1"}, sorted(listeners)
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    """(ip, port) of every listening inet socket of process ``pid`` and its children."""
+    process = psutil.Process(pid)
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for p in (process, *process.children(recursive=True))
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
+
+
+@pytest.mark.parametrize(
+    ("address", "message"),
+    [
+        # not HOST:PORT: refused before anything runs (it used to fail after the cluster started)
+        ("nonsense", "dashboard address 'nonsense' is not HOST:PORT"),
+        ("127.0.0.1:70000", "a port from 0 to 65535"),
+        # every interface: a local cluster listens on loopback only
+        ("0.0.0.0:8787", "dashboard address '0.0.0.0:8787' is not on loopback"),
+    ],
+)
+def test_bad_dashboard_address_is_refused_first(tmp_path: Path, address: str, message: str) -> None:
+    # missing inputs: the error is the dashboard's, so nothing was opened or started first
+    missing = [str(tmp_path / name) for name in ("a.zarr", "b.zarr", "c.zarr")]
+    started = time.monotonic()
+    done = run_cli("multiply", *missing, "--dashboard-address", address, "--no-progress")
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert done.returncode == 2, done.stderr
+    assert len(errors) == 1 and message in errors[0], done.stderr
+    assert time.monotonic() - started < 30
