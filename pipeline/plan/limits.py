@@ -38,13 +38,19 @@ def check_panels(panels: KPanels, limits: PlanLimits) -> None:
     )
 
 
-def task_limit_message(fewest: MatmulPlan, limits: PlanLimits) -> str:
-    """Why no plan within the memory limit has few enough tasks, and what to change."""
+def task_limit_message(fewest: MatmulPlan, limits: PlanLimits, forced: bool = False) -> str:
+    """Why no plan within the memory limit has few enough tasks, and what to change
+    (``forced``: the tiling is the one OUT was started with)."""
     (rows, cols), (tm, tn) = fewest.grid, fewest.tile_shape
     split = f" x {fewest.split_k} K groups" if fewest.split_k > 1 else ""
+    fix = (
+        "pass --overwrite instead of --resume to plan OUT afresh"
+        if forced
+        else "raise --memory-limit so that bigger tiles fit, or multiply smaller blocks of A "
+        "and B as separate jobs"
+    )
     return (
         f"the plan needs at least {fewest.n_tasks:,} tasks ({rows:,}x{cols:,} tiles of "
-        f"{tm:,}x{tn:,}{split}) within the memory limit, more than the limit of "
-        f"{limits.max_tasks:,}; raise --memory-limit so that bigger tiles fit, or multiply "
-        "smaller blocks of A and B as separate jobs"
+        f"{tm:,}x{tn:,}{split}{' kept from OUT' if forced else ''}) within the memory limit, "
+        f"more than the limit of {limits.max_tasks:,}; {fix}"
     )

@@ -135,7 +135,7 @@ def plan_matmul(
         if best is None or score < best[0]:
             best = (score, plan)
     if best is None and fewest is not None:
-        raise PlanLimitError(task_limit_message(fewest, limits))
+        raise PlanLimitError(task_limit_message(fewest, limits, tile_shape is not None))
     if best is None:
         assert smallest is not None
         raise MemoryBudgetError(_budget_message(smallest, memory_limit_bytes))

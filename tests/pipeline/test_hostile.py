@@ -189,6 +189,10 @@ def test_plans_within_the_task_limit_or_says_why() -> None:
             a, b, workers=1, threads_per_worker=1, memory_limit_bytes=300 * MiB,
             limits=PlanLimits(max_tasks=3),
         )  # fmt: skip
+    with pytest.raises(PlanLimitError, match=r"tiles of 1x1 kept from OUT\) .* pass --overwrite"):
+        plan_matmul(  # --resume keeps OUT's tiling: a hostile one is refused too
+            a, b, workers=1, threads_per_worker=1, memory_limit_bytes=8 * GiB, tile_shape=(1, 1)
+        )
     with pytest.raises(PlanLimitError, match=r"in 8 panels of 512 per tile, more than the limit"):
         plan_matmul(
             ArraySpec((8, 4096), (8, 512), "float32"), ArraySpec((4096, 8), (512, 8), "float32"),
