@@ -18,7 +18,6 @@ from cluster.security import (
     LoopbackWorker,
     check_tls_config,
     connect_hint,
-    dashboard_names,
     dashboard_origins,
     refuse_foreign_hosts,
 )
@@ -82,9 +81,7 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
             }
         ):
             cluster = LocalCluster(**options)
-    host = split_dashboard_address(options["dashboard_address"])[0]
-    if options.get("scheduler_kwargs", {}).get("dashboard") is False:
-        attach_dashboard(cluster, host)
+    attach_dashboard(cluster, split_dashboard_address(options["dashboard_address"])[0])
     # The client takes the cluster's TLS credentials (cluster.security) with the cluster.
     with cluster, Client(cluster) as client:
         log.info(
@@ -103,16 +100,15 @@ def attach_dashboard(cluster: Any, host: str) -> None:
     a page from elsewhere open in the user's browser can't drive it; requests naming
     another host (DNS rebinding) are refused from now on."""
     scheduler = cluster.scheduler
-    cluster.loop.add_callback(
-        refuse_foreign_hosts, scheduler.http_application, dashboard_names(host)
-    )
+    configured = list(dask.config.get(ORIGIN_KEY, []))
+    origins = dashboard_origins(host, scheduler.http_server.port, configured)
+    cluster.loop.add_callback(refuse_foreign_hosts, scheduler.http_application, origins)
 
     def attach() -> None:
         try:
             import distributed.dashboard.scheduler as dashboard
         except ImportError:  # no bokeh: the link says so
             return
-        origins = dashboard_origins(host, scheduler.http_server.port)
 
         def connect() -> None:  # bokeh reads the allowed origins from dask config
             with dask.config.set({ORIGIN_KEY: origins}):

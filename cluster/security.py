@@ -17,7 +17,7 @@ from cluster.spec import LOOPBACK
 from pipeline.errors import ClusterError
 
 ORIGIN_KEY = "distributed.scheduler.dashboard.bokeh-application.allow_websocket_origin"
-"""dask config read when the dashboard is attached (distributed's default: any origin)."""
+"""dask config that bokeh reads when the dashboard is attached (distributed's default: "*")."""
 CA_KEY = "distributed.comm.tls.ca-file"
 CERT_KEY = "distributed.comm.tls.client.cert"
 KEY_KEY = "distributed.comm.tls.client.key"
@@ -37,20 +37,19 @@ class LoopbackWorker(Worker):
         super().__init__(*args, dashboard_address=dashboard_address or f"{LOOPBACK}:0", **kwargs)
 
 
-def dashboard_names(host: str) -> list[str]:
-    """The names the dashboard's own pages are reached under: its host, or loopback's."""
-    return list(dict.fromkeys([host or LOOPBACK, LOOPBACK, "localhost"]))
+def dashboard_origins(host: str, port: int, configured: list[str]) -> list[str]:
+    """The Origin values (host:port) of the dashboard's own pages under each loopback name,
+    and those the user added to ``ORIGIN_KEY`` (a proxy's); its default "*" (any) is dropped."""
+    names = dict.fromkeys([host or LOOPBACK, LOOPBACK, "localhost"])
+    own = [f"{name}:{port}" for name in names]
+    return own + [origin for origin in configured if origin != "*" and origin not in own]
 
 
-def dashboard_origins(host: str, port: int) -> list[str]:
-    """The Origin values (host:port) of the dashboard's own pages."""
-    return [f"{name}:{port}" for name in dashboard_names(host)]
-
-
-def refuse_foreign_hosts(application: Any, names: list[str]) -> None:
-    """Answer 403 to any request to ``application`` whose Host header is not one of ``names``.
-    A page served under a name that resolves to 127.0.0.1 (DNS rebinding) is same-origin to
-    the browser and to tornado's websocket check; the Host header still gives it away."""
+def refuse_foreign_hosts(application: Any, origins: list[str]) -> None:
+    """Answer 403 to any request to ``application`` whose Host header names a host none of
+    ``origins`` has. A page served under a name that resolves to 127.0.0.1 (DNS rebinding)
+    is same-origin to the browser and to tornado's websocket check; its Host header is not."""
+    names = dict.fromkeys(origin.rsplit(":", 1)[0] for origin in origins)
     pattern = "(?!(?:" + "|".join(re.escape(name) for name in names) + ")$).*"
     router = application.default_router
     rule = router.process_rule(Rule(HostMatches(pattern), [(r".*", _ForeignHost)]))
