@@ -126,7 +126,8 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         "--dashboard-address",
         default="127.0.0.1:8787",
         metavar="HOST:PORT",
-        help="where the Dask dashboard listens (default 127.0.0.1:8787)",
+        help="where the Dask dashboard listens: a loopback HOST (127.x or localhost) for a "
+        "local cluster; PORT 0 picks a free one (default 127.0.0.1:8787)",
     )
     _storage_args(p)
 
