@@ -1,33 +1,30 @@
-"""Inputs whose zstd chunks decode into exactly their own size, never more.
+"""Inputs whose compressed chunks decode into exactly their own size, never more.
 
-numcodecs allocates what a zstd frame declares and decompresses it all (a 66 KB chunk can
-declare and hold 2 GiB); a frame that declares nothing is decoded into a buffer that grows
-without bound. Each input is opened with its zstd codec swapped for one that reads the declared
-size first (pipeline.store.zstd_frames) and refuses a chunk whose size is not its shape's,
-undecoded, then decodes into a buffer of exactly that size (numcodecs refuses, still bounded, a
-frame without a declared size that holds more). Every read of an input goes through zarr's codec
-pipeline -- the CPU tasks, verify's reads, the staged GPU path's host decoding -- so every one
-is bounded. Covered: Zarr v3 ``zstd`` right after ``bytes`` (sharded too: inner chunks and
-index), Zarr v2 ``Zstd`` without filters. Other codecs decode as zarr does.
+Each input is opened with its compressor swapped for one that decodes through
+pipeline.store.chunk_sizes: the size a chunk declares is read first and a chunk declaring
+other than its shape's bytes refused undecoded, then it is decoded into a buffer of exactly
+that size. Every read of an input goes through zarr's codec pipeline -- the CPU tasks,
+verify's reads, the staged GPU path's host decoding -- so every one is bounded. Covered: Zarr v3
+``zstd``, ``blosc`` and ``gzip`` right after ``bytes`` (inner chunks of shards too), Zarr v2
+``zstd``, ``blosc``, ``lz4``, ``gzip`` and ``zlib`` compressors without filters (a filter
+changes the size the compressor sees). Other codecs decode as zarr does.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
-import numcodecs.zstd
+import numcodecs.abc
 import numpy as np
 import zarr
 from numcodecs.compat import ensure_contiguous_ndarray
-from numpy.typing import NDArray
-from zarr.codecs import BytesCodec, ShardingCodec, ZstdCodec
+from zarr.codecs import BloscCodec, BytesCodec, GzipCodec, ShardingCodec, ZstdCodec
 from zarr.core.array import AsyncArray
 from zarr.core.metadata import ArrayMetadata, ArrayV2Metadata
 
-from pipeline.errors import ChunkSizeError
-from pipeline.store.zstd_frames import Frames, declared_size, first_frame_size
+from pipeline.store.chunk_sizes import DECODERS, decode_exact
 
 if TYPE_CHECKING:
     from zarr.abc.codec import Codec
@@ -35,78 +32,67 @@ if TYPE_CHECKING:
     from zarr.core.buffer import Buffer
 
 
-def check_frames(data: Frames, expected: int, what: str) -> int | None:
-    """Refuse zstd ``data`` whose frames declare other than ``expected`` bytes (``what``: the
-    chunk's shape and dtype, for the message); returns what they declare. Frames that declare
-    nothing (None) pass: decoding into ``expected`` bytes bounds them."""
-    if first_frame_size(data) == expected:  # the common case: one frame, one header read
-        return expected
-    declared = declared_size(data, expected)
-    if declared is not None and declared != expected:
-        raise _refused(declared, expected, what)
-    return declared
+class _Bounded:
+    """A Zarr v3 bytes-to-bytes codec right after ``bytes``: a chunk decodes into exactly
+    its shape's bytes."""
 
-
-def decode_exact(data: Frames, expected: int, what: str) -> NDArray[np.uint8]:
-    """Zstd ``data`` decoded into a new buffer of exactly ``expected`` bytes, or refused."""
-    declared = check_frames(data, expected, what)
-    out = np.empty(expected, dtype=np.uint8)
-    try:
-        numcodecs.zstd.decompress(data, out)
-    except ValueError as e:  # frames past the first declare more: numcodecs refused them
-        total = declared_size(data, 2**63)
-        if total is None:
-            raise
-        raise _refused(total, expected, what) from e
-    except RuntimeError as e:
-        if declared is not None or "too small" not in str(e):
-            raise
-        raise ChunkSizeError(
-            f"a stored zstd chunk declares no size and decodes past the {expected:,} bytes "
-            f"its {what} hold; refused there",
-            None,
-            expected,
-        ) from e
-    return out
-
-
-def _refused(declared: int, expected: int, what: str) -> ChunkSizeError:
-    return ChunkSizeError(
-        f"a stored zstd chunk declares {declared:,} bytes but its {what} hold {expected:,}; "
-        "refused before decoding",
-        declared,
-        expected,
-    )
-
-
-class BoundedZstdCodec(ZstdCodec):
-    """Zarr v3 ``zstd`` right after ``bytes``: a chunk decodes to exactly its shape's bytes."""
+    codec_id: ClassVar[str]
 
     def _decode_sync(self, chunk_bytes: Buffer, chunk_spec: ZarrChunkSpec) -> Buffer:
         dtype = chunk_spec.dtype.to_native_dtype()
         expected = math.prod(chunk_spec.shape) * dtype.itemsize
-        what = f"{'x'.join(map(str, chunk_spec.shape))} {dtype} elements"
-        out = decode_exact(chunk_bytes.as_numpy_array(), expected, what)
+        data = chunk_bytes.as_numpy_array()
+        out = decode_exact(self.codec_id, data, expected, _what(chunk_spec.shape, dtype))
         return chunk_spec.prototype.buffer.from_array_like(out)
 
 
-class BoundedZstd(numcodecs.zstd.Zstd):  # type: ignore[misc]
-    """Zarr v2 ``Zstd`` without filters: a chunk decodes to exactly ``chunk_bytes``."""
+class BoundedZstdCodec(_Bounded, ZstdCodec):
+    codec_id = "zstd"
 
-    def __init__(self, level: int, checksum: bool, chunk_bytes: int, what: str) -> None:
-        super().__init__(level=level, checksum=checksum)
-        self._chunk_bytes = chunk_bytes  # private: kept out of get_config, so of the metadata
-        self._what = what
+
+class BoundedBloscCodec(_Bounded, BloscCodec):
+    codec_id = "blosc"
+
+
+class BoundedGzipCodec(_Bounded, GzipCodec):
+    codec_id = "gzip"
+
+
+V3 = {ZstdCodec: BoundedZstdCodec, BloscCodec: BoundedBloscCodec, GzipCodec: BoundedGzipCodec}
+
+
+class BoundedCompressor(numcodecs.abc.Codec):  # type: ignore[misc]
+    """A Zarr v2 compressor without filters: a chunk decodes into exactly ``chunk_bytes``;
+    anything else (its config, encoding, attributes) is the wrapped compressor's."""
+
+    codec_id: ClassVar[str]  # one subclass per codec (V2): zarr looks for it on the class
+
+    def __init__(self, inner: Any, chunk_bytes: int, what: str) -> None:
+        self._inner, self._chunk_bytes, self._what = inner, chunk_bytes, what
+
+    def __getattr__(self, name: str) -> Any:  # level, checksum, cname...: the inner one's
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    def get_config(self) -> dict[str, Any]:
+        return dict(self._inner.get_config())
+
+    def encode(self, buf: Any) -> Any:
+        return self._inner.encode(buf)
 
     def decode(self, buf: Any, out: Any = None) -> Any:
         if out is not None:  # the caller's buffer bounds it
-            return super().decode(buf, out)
+            return self._inner.decode(buf, out)
         data = ensure_contiguous_ndarray(buf).view(np.uint8)
-        return decode_exact(data, self._chunk_bytes, self._what)
+        return decode_exact(self.codec_id, data, self._chunk_bytes, self._what)
+
+
+V2 = {name: type(f"Bounded_{name}", (BoundedCompressor,), {"codec_id": name}) for name in DECODERS}
 
 
 def bounded(array: zarr.Array[Any]) -> zarr.Array[Any]:
-    """``array`` (read-only) with its zstd chunks decoded as above; as it is when none are."""
+    """``array`` (read-only) with its chunks decoded as above; as it is when none can be."""
     metadata = _bounded_metadata(array.metadata)
     if metadata is None:
         return array
@@ -114,25 +100,41 @@ def bounded(array: zarr.Array[Any]) -> zarr.Array[Any]:
     return zarr.Array(AsyncArray(metadata=metadata, store_path=array.store_path, config=config))
 
 
-def _bounded_metadata(metadata: ArrayMetadata) -> ArrayMetadata | None:
-    """The metadata with its zstd codecs bounded; None when there is none to bound."""
+def stored_codec(array: zarr.Array[Any]) -> str | None:
+    """The codec id of ``array``'s unsharded chunks when they decode bounded, else None."""
+    metadata = array.metadata
     if isinstance(metadata, ArrayV2Metadata):
-        compressor = metadata.compressor
-        if not isinstance(compressor, numcodecs.zstd.Zstd) or metadata.filters:
+        return _v2_codec(metadata)
+    codecs = metadata.codecs
+    for before, codec in zip(codecs, codecs[1:], strict=False):
+        if isinstance(codec, _Bounded) and isinstance(before, BytesCodec):
+            return codec.codec_id
+    return None
+
+
+def _bounded_metadata(metadata: ArrayMetadata) -> ArrayMetadata | None:
+    """The metadata with its compressors bounded; None when none can be."""
+    if isinstance(metadata, ArrayV2Metadata):
+        name = _v2_codec(metadata)
+        if name is None:
             return None
         dtype = metadata.dtype.to_native_dtype()
-        what = f"{'x'.join(map(str, metadata.chunks))} {dtype} elements"
         chunk = math.prod(metadata.chunks) * dtype.itemsize
-        checksum = getattr(compressor, "checksum", False)
-        codec = BoundedZstd(compressor.level, checksum, chunk, what)
+        codec = V2[name](metadata.compressor, chunk, _what(metadata.chunks, dtype))
         return dataclasses.replace(metadata, compressor=codec)
     codecs = _bounded_codecs(metadata.codecs)
     return None if codecs == metadata.codecs else dataclasses.replace(metadata, codecs=codecs)
 
 
+def _v2_codec(metadata: ArrayV2Metadata) -> str | None:
+    """The compressor's codec id when its chunks can decode bounded (no filters), else None."""
+    name = getattr(metadata.compressor, "codec_id", None)
+    return name if name in DECODERS and not metadata.filters else None
+
+
 def _bounded_codecs(codecs: tuple[Codec, ...]) -> tuple[Codec, ...]:
-    """The codecs with every zstd that directly follows ``bytes`` bounded, inside shards too
-    (a zstd after another bytes-to-bytes codec sees bytes of a size only that codec knows)."""
+    """The codecs with each one right after ``bytes`` bounded, inside shards too (one after
+    another bytes-to-bytes codec sees bytes of a size only that codec knows)."""
     out: list[Codec] = []
     for codec in codecs:
         if isinstance(codec, ShardingCodec):
@@ -141,7 +143,18 @@ def _bounded_codecs(codecs: tuple[Codec, ...]) -> tuple[Codec, ...]:
                 codecs=_bounded_codecs(codec.codecs),
                 index_codecs=_bounded_codecs(codec.index_codecs),
             )
-        elif type(codec) is ZstdCodec and out and isinstance(out[-1], BytesCodec):
-            codec = BoundedZstdCodec(level=codec.level, checksum=codec.checksum)
+        elif type(codec) in V3 and out and isinstance(out[-1], BytesCodec):
+            codec = _rebound(V3[type(codec)], codec)
         out.append(codec)
     return tuple(out)
+
+
+def _rebound(cls: type[Any], codec: Codec) -> Codec:
+    """``codec`` as its bounded subclass, its settings (frozen dataclass fields) as they are."""
+    new: Codec = object.__new__(cls)
+    new.__dict__.update(codec.__dict__)
+    return new
+
+
+def _what(shape: tuple[int, ...], dtype: np.dtype[Any]) -> str:
+    return f"{'x'.join(map(str, shape))} {dtype} elements"

@@ -25,7 +25,8 @@ from pipeline.errors import (
     storage_problem,
 )
 from pipeline.plan.spec import ArraySpec
-from pipeline.store.bounded import bounded, check_frames
+from pipeline.store.bounded import bounded, stored_codec
+from pipeline.store.chunk_sizes import check_declared
 from pipeline.store.fs import (
     check_protocol,
     check_shared,
@@ -234,13 +235,13 @@ def _bad_chunk(
         for i in range(rows[0] // cm, -(-rows[1] // cm))
         for j in range(cols[0] // cn, -(-cols[1] // cn))
     ]
-    if isinstance(error, ChunkSizeError) and getattr(array, "shards", None) is None:
+    codec = stored_codec(array)
+    if isinstance(error, ChunkSizeError) and codec and error.declared is not None:
         what = f"{cm}x{cn} {np.dtype(array.dtype)} elements"
-        for (index, span), frame in zip(
-            spans, stored_chunks(array, [i for i, _ in spans]), strict=True
-        ):
+        stored = stored_chunks(array, [index for index, _ in spans])
+        for (index, span), data in zip(spans, stored, strict=True):
             try:
-                check_frames(frame if frame is not None else b"", error.expected, what)
+                check_declared(codec, data if data is not None else b"", error.expected, what)
             except ChunkSizeError as e:
                 return index, span, e
     for index, span in spans:
