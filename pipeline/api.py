@@ -22,10 +22,12 @@ from cluster import ClusterSpec
 from kernels.backends import AUTO, CHOICES, get_backend, staged_backends
 from pipeline import settings
 from pipeline.errors import UnsafeOutputError, UsageError
-from pipeline.job import JobOptions, MatmulJob, MultiplyResult, plan_for, planning_backend
+from pipeline.job import MatmulJob
+from pipeline.options import JobOptions, MultiplyResult
 from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import dimension_names
+from pipeline.planning import plan_for, planning_backend
 from pipeline.store import inputs
 from pipeline.store.fs import absolute, check_protocol, resolve_url
 from pipeline.store.locate import locate, merge_options

@@ -8,26 +8,23 @@ then creates (or resumes) OUT, runs the tiles, and marks OUT complete.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
-import psutil
 from distributed import Client
 
-from cluster import ClusterSpec
-from kernels.backends import AUTO, BACKENDS, CPU, get_backend
+from kernels.backends import get_backend
 from pipeline import settings
 from pipeline.errors import JobError
-from pipeline.plan import ArraySpec, MatmulPlan, OutputSpec, StoreSpec, plan_matmul
-from pipeline.plan.device import default_decode_threads
+from pipeline.options import JobOptions, MultiplyResult
+from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec
 from pipeline.plan.gpu import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
+from pipeline.planning import fingerprint, plan_for, planning_backend
 from pipeline.report import add_to_report, format_plan, report_context
 from pipeline.run.client import (
     check_gpu_decode,
@@ -39,9 +36,9 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
-from pipeline.run.devices import calibrated_device, device_model, emulated_params
+from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
-from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr, warn_if_exposed
+from pipeline.sensitive import warn_if_exposed
 from pipeline.store import resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
@@ -49,55 +46,14 @@ from pipeline.store.output import Output
 from pipeline.store.signature import Listing
 
 log = logging.getLogger("pipeline")
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """What the caller asked for; the one carrier of every option from the CLI or API."""
-
-    backend: str = "auto"
-    """A name in kernels.backends, or "auto"."""
-    memory_limit_bytes: int | None = None
-    """Per worker, in bytes: the plan must fit it, and local workers get it as their limit."""
-    device_memory_limit_bytes: int | None = None
-    """Per worker's GPU, in bytes: GPU plans fit it (None: the device's own memory)."""
-    gpu_decode: bool = False
-    """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
-    overwrite: bool = False
-    resume: bool = False
-    verify: bool = False
-    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
-    """fsspec options for A, B and OUT; repr hides secrets."""
-    output: OutputSpec = field(default_factory=OutputSpec)
-    """OUT's dtype, chunks and shards as asked (None: follow the inputs) and Zarr format."""
-    progress: bool = False
-    cluster: ClusterSpec = field(default_factory=ClusterSpec)
-    """The cluster to start or join when ``execute`` is given no client."""
-    report: str | None = None
-    """Where to save distributed's performance report (HTML), if anywhere."""
-
-    __repr__ = redacted_repr
-
-
-@dataclass(frozen=True)
-class MultiplyResult:
-    shape: tuple[int, int]
-    dtype: str
-    seconds: float
-    """Wall time of ``execute``, cluster start-up included."""
-    tiles_computed: int
-    tiles_skipped: int
-    """Tiles a --resume found already written."""
-    bytes_read: int
-    """Bytes of input elements the tasks read from storage."""
-    backend: str
-    plan: MatmulPlan
-    verified: bool | None = None
-    """None when not asked to verify."""
-    phases: dict[str, float] = field(default_factory=dict)
-    """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
-    usage: dict[str, float] = field(default_factory=dict)
-    """The worker processes' user and system seconds and page faults during the tiles."""
+__all__ = [
+    "JobOptions",
+    "MatmulJob",
+    "MultiplyResult",
+    "fingerprint",
+    "plan_for",
+    "planning_backend",
+]
 
 
 @dataclass(frozen=True)
@@ -248,70 +204,6 @@ class MatmulJob:
         )  # fmt: skip
         self.output.mark(fp, verified=result.passed)
         return result.passed
-
-
-def planning_backend(requested: str) -> str:
-    """The backend to plan for before the workers are asked: the one named, else the CPU."""
-    return CPU if requested == AUTO else requested
-
-
-def plan_for(
-    a: ArraySpec,
-    b: ArraySpec,
-    options: JobOptions,
-    state: dict[str, Any] | None,
-    live: dict[str, Any] | None,
-    backend: str = CPU,
-) -> MatmulPlan:
-    """``live``: describe_workers() of a running cluster, or None before one is started.
-    ``backend``: a resolved one, or the one asked for (GPU backends plan for their device)."""
-    total = psutil.virtual_memory().total
-    budget = options.memory_limit_bytes
-    gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
-    if live is None:
-        workers = options.cluster.workers or 1
-        cores = psutil.cpu_count() or 1
-        # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
-        threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
-        limit = budget or total // workers
-    else:
-        workers, threads = live["workers"], live["threads"]
-        limit = min(x for x in (budget, live["memory_limit"] or total) if x)
-    forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
-    return plan_matmul(
-        a,
-        b,
-        cache_fraction=settings.get("cache-fraction"),
-        backend=backend,
-        workers=workers,
-        threads_per_worker=threads,
-        memory_limit_bytes=limit,
-        tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
-        device=device_model(options, live, backend) if gpu else None,
-        decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
-        output=options.output,
-    )
-
-
-def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
-    """Digest of what decides the output's bytes: the inputs (shapes, chunks, dtypes, metadata)
-    and the tiling, and OUT's layout (dtype, chunks, shards): --resume refuses another one.
-    Unset fields are left out, so the digests of plans without them did not change."""
-    key = {
-        "inputs": inputs_digest,
-        "a": _key(plan.a, inputs=True),
-        "b": _key(plan.b, inputs=True),
-        "out": _key(plan.out),
-        "tile": plan.tile_shape,
-        "panels": list(plan.k_panels),  # the old digest's list (at most MAX_PANELS)
-    }
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _key(spec: ArraySpec, inputs: bool = False) -> dict[str, Any]:
-    """An ArraySpec for the fingerprint: an input's shards are in the metadata digest already."""
-    skip = ("shards",) if inputs else ()
-    return {k: v for k, v in asdict(spec).items() if v is not None and k not in skip}
 
 
 @contextlib.contextmanager

@@ -11,7 +11,7 @@ from pipeline.plan.matmul import cpu_resource_seconds
 from pipeline.plan.units import format_bytes
 
 if TYPE_CHECKING:
-    from pipeline.job import MultiplyResult
+    from pipeline.options import MultiplyResult
     from pipeline.verify import VerifyResult
 
 

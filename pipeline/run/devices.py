@@ -14,7 +14,7 @@ from pipeline import settings
 from pipeline.plan.device import DEVICE_CLASSES, DeviceModel
 
 if TYPE_CHECKING:
-    from pipeline.job import JobOptions
+    from pipeline.options import JobOptions
 
 
 def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:

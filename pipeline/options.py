@@ -1,0 +1,59 @@
+"""What a job was asked (``JobOptions``) and what it did (``MultiplyResult``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster import ClusterSpec
+from pipeline.plan import MatmulPlan, OutputSpec
+from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What the caller asked for; the one carrier of every option from the CLI or API."""
+
+    backend: str = "auto"
+    """A name in kernels.backends, or "auto"."""
+    memory_limit_bytes: int | None = None
+    """Per worker, in bytes: the plan must fit it, and local workers get it as their limit."""
+    device_memory_limit_bytes: int | None = None
+    """Per worker's GPU, in bytes: GPU plans fit it (None: the device's own memory)."""
+    gpu_decode: bool = False
+    """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
+    overwrite: bool = False
+    resume: bool = False
+    verify: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
+    """fsspec options for A, B and OUT; repr hides secrets."""
+    output: OutputSpec = field(default_factory=OutputSpec)
+    """OUT's dtype, chunks and shards as asked (None: follow the inputs) and Zarr format."""
+    progress: bool = False
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    """The cluster to start or join when ``execute`` is given no client."""
+    report: str | None = None
+    """Where to save distributed's performance report (HTML), if anywhere."""
+
+    __repr__ = redacted_repr
+
+
+@dataclass(frozen=True)
+class MultiplyResult:
+    shape: tuple[int, int]
+    dtype: str
+    seconds: float
+    """Wall time of ``execute``, cluster start-up included."""
+    tiles_computed: int
+    tiles_skipped: int
+    """Tiles a --resume found already written."""
+    bytes_read: int
+    """Bytes of input elements the tasks read from storage."""
+    backend: str
+    plan: MatmulPlan
+    verified: bool | None = None
+    """None when not asked to verify."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """The worker processes' user and system seconds and page faults during the tiles."""
