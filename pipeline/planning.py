@@ -15,6 +15,7 @@ from pipeline import settings
 from pipeline.options import JobOptions
 from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
 from pipeline.plan.device import default_decode_threads
+from pipeline.plan.limits import PlanLimits
 from pipeline.run.devices import device_model
 
 
@@ -50,6 +51,7 @@ def plan_for(
         a,
         b,
         cache_fraction=settings.get("cache-fraction"),
+        limits=PlanLimits(max_tasks=settings.get("max-tasks")),
         backend=backend,
         workers=workers,
         threads_per_worker=threads,

@@ -19,6 +19,7 @@ import dask
 from kernels.emulated import DECODE_GBPS
 from pipeline.errors import UsageError
 from pipeline.plan.device import DEVICE_CLASSES
+from pipeline.plan.limits import MAX_TASKS
 from pipeline.plan.units import parse_size
 
 NAMESPACE = "tilegemm"
@@ -108,6 +109,15 @@ def _concurrency(value: Any) -> int | str:
     return count
 
 
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise TypeError(value)
+    count = int(str(value).replace("_", ""))
+    if count < 1:
+        raise ValueError(value)
+    return count
+
+
 def _size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int | str):
         raise TypeError(value)
@@ -135,6 +145,11 @@ SETTINGS = {
             "chunks one panel read decodes at once; auto: 2 from local files (1 on the staged "
             "GPU path), zarr's default elsewhere; 0: zarr's default",
             _concurrency, "2",
+        ),
+        Setting(
+            "max-tasks", MAX_TASKS, "an integer >= 1",
+            "tile tasks one plan may submit; a plan needing more is refused before OUT exists",
+            _count, "2000000",
         ),
         Setting(
             "gpu-overlap", True, "true or false",

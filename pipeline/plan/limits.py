@@ -46,8 +46,9 @@ def task_limit_message(fewest: MatmulPlan, limits: PlanLimits, forced: bool = Fa
     fix = (
         "pass --overwrite instead of --resume to plan OUT afresh"
         if forced
-        else "raise --memory-limit so that bigger tiles fit, or multiply smaller blocks of A "
-        "and B as separate jobs"
+        else "raise --memory-limit so that bigger tiles fit, multiply smaller blocks of A and "
+        "B as separate jobs, or raise the limit (DASK_TILEGEMM__MAX_TASKS) if the scheduler "
+        "can take that many tasks"
     )
     return (
         f"the plan needs at least {fewest.n_tasks:,} tasks ({rows:,}x{cols:,} tiles of "

@@ -377,3 +377,17 @@ def test_honest_chunks_read_as_before(tmp_path: Path, layout: dict[str, Any], co
     np.testing.assert_array_equal(
         inputs.read_block(array, (1, 9), (2, 11), "float32"), data[1:9, 2:11]
     )
+
+
+def test_task_limit_is_a_setting(tmp_path: Path) -> None:
+    """A 10^6-square OUT under 4 GiB plans within the default limit, not within 100 tasks."""
+    a = metadata_only(tmp_path / "a.zarr", (10**6, 1000), (1000, 1000))
+    b = metadata_only(tmp_path / "b.zarr", (1000, 10**6), (1000, 1000))
+    out = tmp_path / "out.zarr"
+    argv = ("multiply", a, b, str(out), "--dry-run", "--memory-limit", "4GiB")
+    assert run_cli(*argv).returncode == 0
+    done = run_cli(*argv, env={"DASK_TILEGEMM__MAX_TASKS": "100"})
+    assert done.returncode == 2, done.stderr
+    assert (
+        "more than the limit of 100;" in done.stderr and "DASK_TILEGEMM__MAX_TASKS" in done.stderr
+    )

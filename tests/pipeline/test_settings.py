@@ -34,6 +34,8 @@ BAD = [
     ("cache-fraction", "half", "from 0 to 1"),  # not a number
     ("read-concurrency", -1, "integer >= 0"),  # negative
     ("read-concurrency", 2.5, "integer >= 0"),  # not whole
+    ("max-tasks", 0, "integer >= 1"),  # nothing could run
+    ("max-tasks", "many", "integer >= 1"),  # not a number
     ("gpu-overlap", "maybe", "true or false"),  # not a flag
     ("device-class", "h200x", "h100-pcie, a100-40gb or l4"),  # no such class
     ("emulated.tflops", 0, "> 0"),  # a device that never finishes
