@@ -128,8 +128,8 @@ class Output:
                     )
                 if now is not None:
                     self._check_flags(overwrite, resume)
-                if now is not None and not resume:
-                    self._check_nothing_foreign()  # before any cluster starts
+                if now is not None:  # before any cluster starts; resume writes through links
+                    self._check_nothing_foreign("--resume" if resume else "--overwrite")
                 yield held, now
         finally:
             if created:  # a local folder: removed only if the job wrote nothing (it is empty)
@@ -156,10 +156,10 @@ class Output:
     def remove_ours(self) -> None:
         """--overwrite: delete what this tool wrote inside OUT, after refusing an OUT that
         holds anything else (the caller holds OUT's lock, which stays)."""
-        self._check_nothing_foreign()
+        self._check_nothing_foreign("--overwrite")
         owned.remove_ours(self.url, self.storage_options, keep=(lock.LOCK_NAME,))
 
-    def _check_nothing_foreign(self) -> None:
+    def _check_nothing_foreign(self, flag: str) -> None:
         _, foreign = owned.entries(self.url, self.storage_options)
         if foreign:
             shown = ", ".join(foreign[:3]) + (
@@ -167,7 +167,7 @@ class Output:
             )
             raise UnsafeOutputError(
                 f"OUT ({self.url}) holds {len(foreign)} file(s) this tool did not write ({shown}); "
-                "--overwrite replaces only our own array: move them out or choose another OUT"
+                f"{flag} writes only into our own array: move them out or choose another OUT"
             )
 
     def create(

@@ -99,8 +99,9 @@ def test_overwrite_refuses_out_holding_foreign_files(
         (out / intruder).parent.mkdir(parents=True, exist_ok=True)
         (out / intruder).write_text("not yours")
     before, theirs = listing(out), listing(elsewhere)
-    with pytest.raises(UnsafeOutputError, match=r"this tool did not write .*--overwrite replaces"):
-        multiply(a_url, b_url, str(out), client=client, overwrite=True)
+    for flag in ("overwrite", "resume"):  # resume would write through a link
+        with pytest.raises(UnsafeOutputError, match=rf"did not write .*--{flag} writes only"):
+            multiply(a_url, b_url, str(out), client=client, **{flag: True})
     assert listing(out) == before and listing(elsewhere) == theirs
     assert_product(zarr.open_array(str(out))[:], a, b)
 
