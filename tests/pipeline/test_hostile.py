@@ -285,15 +285,18 @@ def test_stored_chunk_size_refuses_the_plan(tmp_path: Path) -> None:
 
 # -- a chunk never decodes into more than its own size -----------------------------------
 
+# The peak is this process's own high-water mark (VmHWM, reset by exec): ru_maxrss would
+# carry the forking parent's (pytest's) size over into the child.
 READ = """
-import resource, sys
+import re, sys
 from pipeline.store import inputs
 a = inputs.open_input(sys.argv[1], None, "A")
 try:
     inputs.read_block(a, (0, 1000), (0, 1000), "float32", "A", sys.argv[1])
 except Exception as e:
     print(type(e).__name__, e)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+with open("/proc/self/status") as f:
+    print(int(re.search(r"VmHWM:\\s+(\\d+) kB", f.read()).group(1)) * 1024)
 """
 
 
