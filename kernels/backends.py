@@ -44,8 +44,9 @@ class BackendSpec:
     """Smallest gemm block along each axis, in elements (1: rounding ignores the launch)."""
     probe: Callable[[], bool]
     """Runs on a worker: True when this process can run the backend."""
-    make_accumulator: Callable[[tuple[int, int], str, tuple[int, int] | None], Accumulator]
-    """(shape, compute dtype, gemm block) -> a zeroed accumulator."""
+    make_accumulator: Callable[[tuple[int, int], str, tuple[int, int] | None, bool], Accumulator]
+    """(shape, compute dtype, gemm block, upper) -> a zeroed accumulator; ``upper``: a Gram
+    product's diagonal tile, whose lower blocks may be skipped (the writer mirrors them)."""
     needs: str
     """What a worker must have to run it (for the error that says it lacks it)."""
     fix: str
@@ -68,13 +69,17 @@ class BackendSpec:
         return self.dtypes is None or dtype in self.dtypes
 
 
-def _cpu_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int] | None) -> Any:
+def _cpu_accumulator(
+    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool
+) -> Any:
     from kernels.cpu import CpuAccumulator
 
-    return CpuAccumulator(shape, dtype, block)
+    return CpuAccumulator(shape, dtype, block, upper)
 
 
-def _cuda_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int] | None) -> Any:
+def _cuda_accumulator(
+    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool
+) -> Any:
     import numpy as np
 
     from kernels.cuda_host import CudaAccumulator
@@ -82,7 +87,9 @@ def _cuda_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int]
     return CudaAccumulator(shape, np.dtype(dtype))
 
 
-def _cublas_accumulator(shape: tuple[int, int], dtype: str, block: tuple[int, int] | None) -> Any:
+def _cublas_accumulator(
+    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool
+) -> Any:
     import numpy as np
 
     from kernels.cublas import CublasAccumulator
@@ -105,7 +112,7 @@ def _emulated_device(params: dict[str, float]) -> Any:
     return shared_device(params["tflops"], params["h2d_gbps"], memory, decode)
 
 
-def _emulated_accumulator(shape: tuple[int, int], dtype: str, block: Any) -> Any:
+def _emulated_accumulator(shape: tuple[int, int], dtype: str, block: Any, upper: bool) -> Any:
     raise ValueError("the emulated backend runs through the staged engine only (no math)")
 
 
@@ -193,14 +200,20 @@ def get_backend(name: str) -> BackendSpec:
 
 
 def make_accumulator(
-    backend: str, shape: tuple[int, int], dtype: str, block: tuple[int, int] | None = None
+    backend: str,
+    shape: tuple[int, int],
+    dtype: str,
+    block: tuple[int, int] | None = None,
+    upper: bool = False,
 ) -> Accumulator:
     """A zeroed ``shape`` accumulator on a resolved backend (see BACKENDS).
 
     ``block``: the CPU backend's fixed gemm block (see kernels.cpu); the GPU kernels sum each
-    element in K order whatever the launch shape, so they don't need it.
+    element in K order whatever the launch shape, so they don't need it. ``upper``: a Gram
+    product's diagonal tile (``b`` is ``a`` transposed); the CPU computes its upper blocks
+    only, the GPU backends the whole tile (the writer mirrors the upper triangle either way).
     """
-    return get_backend(backend).make_accumulator(shape, dtype, block)
+    return get_backend(backend).make_accumulator(shape, dtype, block, upper)
 
 
 def probe_devices(requested: str = AUTO) -> dict[str, bool]:

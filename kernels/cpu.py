@@ -3,7 +3,10 @@
 ``acc += a @ b`` costs ~20 % more than one matmul (a temporary and an extra pass per panel), so
 float32/float64 call cblas ?gemm with beta=1 on numpy's own OpenBLAS through ctypes, which
 releases the GIL (scipy.linalg.blas.sgemm holds it: two Dask threads ran at the speed of one).
-Where that library isn't found, numpy's matmul plus an add is the fallback.
+Where that library isn't found, numpy's matmul plus an add is the fallback. A panel read
+transposed comes as a transposed view of the stored block, which BLAS reads as it is (its
+transpose flag), so no copy is made; a Gram product's diagonal tile is "upper": only blocks on
+and above its diagonal are computed, the diagonal ones with ?syrk (half the flops).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from numpy.typing import NDArray
 
 from kernels.launch import band_rows
 
-ROW_MAJOR, NO_TRANS = 101, 111
+ROW_MAJOR, NO_TRANS, TRANS, UPPER = 101, 111, 112, 121
 _SYMBOLS = {
     "float32": ("scipy_cblas_sgemm64_", ctypes.c_float),
     "float64": ("scipy_cblas_dgemm64_", ctypes.c_double),
 }
+_SYRK = {"float32": "scipy_cblas_ssyrk64_", "float64": "scipy_cblas_dsyrk64_"}
 
 
 @functools.cache
@@ -70,6 +74,30 @@ def cblas_gemm(dtype: str) -> Any:
 
 
 @functools.cache
+def cblas_syrk(dtype: str) -> Any:
+    """A ctypes cblas ?syrk (C = alpha·A·Aᵀ + beta·C, one triangle) for dtype, or None."""
+    lib = _openblas()
+    fn = getattr(lib, _SYRK[dtype], None) if lib is not None and dtype in _SYRK else None
+    if fn is None:
+        return None
+    i32, i64, ptr, scalar = ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, _SYMBOLS[dtype][1]
+    fn.argtypes = [i32, i32, i32, i64, i64, scalar, ptr, i64, scalar, ptr, i64]
+    fn.restype = None
+    return fn
+
+
+def blas_layout(x: NDArray[Any]) -> tuple[int, int] | None:
+    """(transpose flag, leading dimension) under which row-major BLAS reads ``x`` in place (a
+    C-ordered block, or the transposed view of one), or None when it must be copied first."""
+    item, (s0, s1), (m, n) = x.itemsize, x.strides, x.shape
+    if s1 == item and s0 % item == 0 and s0 // item >= max(n, 1):
+        return NO_TRANS, s0 // item
+    if s0 == item and s1 % item == 0 and s1 // item >= max(m, 1):
+        return TRANS, s1 // item
+    return None
+
+
+@functools.cache
 def single_threaded_blas() -> None:
     """One BLAS thread per call, for good, in this process (a worker's tasks are its threads).
 
@@ -87,7 +115,9 @@ class CpuAccumulator:
 
     Each gemm call computes one ``block`` of the accumulator: OpenBLAS's rounding depends on the
     call's M and N, so fixed blocks (aligned to the output, whatever the tile) make the bytes
-    independent of the tiling and so of the cluster.
+    independent of the tiling and so of the cluster. ``upper``: a Gram product's diagonal tile,
+    where ``b`` is ``a`` transposed: blocks below the diagonal are left at zero (the writer
+    mirrors the upper triangle) and diagonal blocks take ?syrk's upper triangle.
     """
 
     def __init__(
@@ -95,12 +125,15 @@ class CpuAccumulator:
         shape: tuple[int, int],
         dtype: np.dtype[Any] | str,
         block: tuple[int, int] | None = None,
+        upper: bool = False,
     ) -> None:
         self.acc = np.zeros(shape, dtype=dtype)
         self.block = (
             (max(block[0], 1), max(block[1], 1)) if block else (max(shape[0], 1), max(shape[1], 1))
         )
+        self.upper = upper
         self._gemm = cblas_gemm(self.acc.dtype.name)
+        self._syrk = cblas_syrk(self.acc.dtype.name) if upper else None
         single_threaded_blas()
 
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
@@ -112,35 +145,35 @@ class CpuAccumulator:
         acc = self.acc[r0:r1]
         if a.shape[1] == 0 or acc.size == 0:
             return
-        a = np.ascontiguousarray(a, dtype=acc.dtype)
-        b = np.ascontiguousarray(b, dtype=acc.dtype)
+        a, b = (x if x.dtype == acc.dtype else x.astype(acc.dtype) for x in (a, b))
         (m, k), n = a.shape, b.shape[1]
         if (m, n) != acc.shape or b.shape[0] != k:
             raise ValueError(f"panels {a.shape} @ {b.shape} don't fit accumulator rows {acc.shape}")
-        (bm, bn), item = self.block, acc.itemsize
+        (bm, bn) = self.block
         for i in range(0, m, bm):
             for j in range(0, n, bn):
                 h, w = min(bm, m - i), min(bn, n - j)
-                if self._gemm is None:  # integers, complex, bool, or no OpenBLAS found
-                    with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: verify checks
-                        acc[i : i + h, j : j + w] += a[i : i + h] @ b[:, j : j + w]
-                    continue
-                self._gemm(
-                    ROW_MAJOR,
-                    NO_TRANS,
-                    NO_TRANS,
-                    h,
-                    w,
-                    k,
-                    1.0,
-                    a.ctypes.data + i * k * item,
-                    k,
-                    b.ctypes.data + j * item,
-                    n,
-                    1.0,
-                    acc.ctypes.data + (i * n + j) * item,
-                    n,
-                )
+                if self.upper and j + w <= r0 + i:
+                    continue  # below the diagonal: the mirror of a block computed above it
+                self._block(a[i : i + h], b[:, j : j + w], acc[i : i + h, j : j + w], r0 + i == j)
+
+    def _block(self, a: NDArray[Any], b: NDArray[Any], out: NDArray[Any], diagonal: bool) -> None:
+        """out += a @ b with one BLAS call (?syrk on an upper tile's diagonal block)."""
+        la, lb = blas_layout(a), blas_layout(b)
+        if self._gemm is None or la is None or lb is None:  # integers, complex, no OpenBLAS
+            with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: verify checks
+                out += a @ b
+            return
+        (h, k), w, ld = a.shape, b.shape[1], out.strides[0] // out.itemsize
+        if diagonal and self._syrk is not None and h == w:
+            self._syrk(
+                ROW_MAJOR, UPPER, la[0], h, k, 1.0, a.ctypes.data, la[1], 1.0, out.ctypes.data, ld
+            )
+            return
+        self._gemm(
+            ROW_MAJOR, la[0], lb[0], h, w, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
+            1.0, out.ctypes.data, ld,
+        )  # fmt: skip
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         r0, r1 = band_rows(rows, self.acc.shape[0])
