@@ -75,3 +75,37 @@ def test_band_must_start_on_a_block_row_and_fit() -> None:
     with pytest.raises(ValueError, match="don't fit accumulator rows"):
         acc.add(np.ones((3, 3), np.float32), np.ones((3, 4), np.float32), rows=(4, 8))
     assert not acc.result().any()  # a refused call changes nothing
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_transposed_views_need_no_copy_and_match(dtype: str) -> None:
+    """A panel read transposed comes as the transposed view of the stored block: BLAS reads it
+    in place (transpose flag), bitwise the same as the C-ordered copy."""
+    from kernels.cpu import TRANS, blas_layout
+
+    rng = np.random.default_rng(1)
+    stored = rng.uniform(-1, 1, (300, 700)).astype(dtype)  # K x M as stored
+    b = rng.uniform(-1, 1, (300, 90)).astype(dtype)
+    if dtype.startswith("float"):
+        assert blas_layout(stored.T) == (TRANS, 700) and blas_layout(stored.T[256:512]) == (
+            TRANS,
+            700,
+        )
+    views, copies = (make_accumulator("cpu", (700, 90), dtype, (256, 256)) for _ in range(2))
+    views.add(stored.T, b)
+    copies.add(np.ascontiguousarray(stored.T), b)
+    np.testing.assert_array_equal(views.result(), copies.result())
+
+
+def test_upper_accumulator_computes_the_upper_blocks_only() -> None:
+    """A Gram product's diagonal tile: blocks on and above the diagonal (diagonal ones by
+    ?syrk, upper triangle), band by band as the write path calls it."""
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-1, 1, (400, 600)).astype("float32")
+    acc = make_accumulator("cpu", (600, 600), "float32", (256, 256), upper=True)
+    for r0, r1 in ((0, 256), (256, 512), (512, 600)):
+        acc.add(x.T[r0:r1], x, rows=(r0, r1))
+    got, want = acc.result(), x.T.astype("float64") @ x
+    upper = np.triu(np.ones((600, 600), dtype=bool))
+    assert np.abs(got - want)[upper].max() < 1e-3
+    assert (got[512:, :512] == 0).all()  # a block below the diagonal: never computed
