@@ -16,6 +16,7 @@ from pipeline.options import JobOptions
 from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
 from pipeline.plan.device import default_decode_threads
 from pipeline.plan.limits import PlanLimits
+from pipeline.plan.operands import attributes
 from pipeline.run.devices import device_model
 
 
@@ -31,9 +32,13 @@ def plan_for(
     state: dict[str, Any] | None,
     live: dict[str, Any] | None,
     backend: str = CPU,
+    *,
+    transposed: tuple[bool, bool] = (False, False),
+    symmetric: bool = False,
 ) -> MatmulPlan:
     """``live``: describe_workers() of a running cluster, or None before one is started.
-    ``backend``: a resolved one, or the one asked for (GPU backends plan for their device)."""
+    ``backend``: a resolved one, or the one asked for (GPU backends plan for their device);
+    ``a`` and ``b`` are op(A) and op(B) (``transposed``, ``symmetric``: see plan_matmul)."""
     total = psutil.virtual_memory().total
     budget = options.memory_limit_bytes
     gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
@@ -60,10 +65,14 @@ def plan_for(
         device=device_model(options, live, backend) if gpu else None,
         decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
         output=options.output,
+        transposed=transposed,
+        symmetric=symmetric,
     )
 
 
-def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
+def fingerprint(
+    plan: MatmulPlan, inputs_digest: str = "", factors: dict[str, Any] | None = None
+) -> str:
     """Digest of what decides the output's bytes: the inputs (shapes, chunks, dtypes, metadata)
     and the tiling, and OUT's layout (dtype, chunks, shards): --resume refuses another one.
     Unset fields are left out, so the digests of plans without them did not change."""
@@ -74,6 +83,8 @@ def fingerprint(plan: MatmulPlan, inputs_digest: str = "") -> str:
         "out": _key(plan.out),
         "tile": plan.tile_shape,
         "panels": list(plan.k_panels),  # the old digest's list (at most MAX_PANELS)
+        **(factors or {}),  # --alpha, --beta, --accumulate: only when set
+        **attributes(plan.transposed, plan.symmetric),  # transposes, gram: only when set
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -49,9 +49,10 @@ def with_device(
     host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
     rows, cols = plan.grid
     share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part
+    computed = plan.n_tiles / max(rows * cols, 1)  # a Gram product's tiles: about half
     work = GpuWork(
         read_bytes=share * plan.read_bytes,
-        copy_bytes=share * ((m * cols + n * rows) * k * c + m * n * c),
+        copy_bytes=share * computed * ((m * cols + n * rows) * k * c + m * n * c),
         flops=share * plan.flops,
         write_bytes=share * m * n * o,
     )
@@ -80,13 +81,18 @@ def with_device(
 def decode_buffer_bytes(plan: MatmulPlan, decode_threads: int) -> int:
     """zarr's buffers of the panels being filled at once (a decode thread each, as many as the
     staged panels): a stored and a decoded copy of one chunk each, whole (a chunk larger
-    than its array is decoded whole too)."""
+    than its array is decoded whole too), and for an operand read transposed the panel as
+    stored, decoded before it is placed transposed into the staging buffer."""
     fills = min(decode_threads, 2 * (STAGED_PANELS + 1))
     chunk = max(
         math.prod(plan.a.chunks) * np.dtype(plan.a.dtype).itemsize,
         math.prod(plan.b.chunks) * np.dtype(plan.b.dtype).itemsize,
     )
-    return fills * 2 * chunk
+    (tm, tn), width = plan.tile_shape, plan.panel_width
+    panels = (tm * width, width * tn)
+    c = np.dtype(plan.compute_dtype).itemsize
+    flipped = max((p * c for p, t in zip(panels, plan.transposed, strict=True) if t), default=0)
+    return fills * (2 * chunk + flipped)
 
 
 def staging_bytes(plan: MatmulPlan) -> int:

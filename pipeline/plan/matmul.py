@@ -63,6 +63,11 @@ class MatmulPlan:
     """A GPU plan's modelled makespan, in seconds (None: the CPU model)."""
     decode_threads: int = 1
     """A GPU plan's host threads per worker decoding panels ahead of the device."""
+    transposed: tuple[bool, bool] = (False, False)
+    """A and B are read transposed (``a`` and ``b`` are then the specs of op(A) and op(B))."""
+    symmetric: bool = False
+    """A Gram product (op(B) = op(A)ᵀ): square tiles on one grid, only those on and above the
+    diagonal are tasks, each written with its mirror."""
 
     @property
     def panel_width(self) -> int:
@@ -89,7 +94,7 @@ class MatmulPlan:
     @property
     def n_tiles(self) -> int:
         rows, cols = self.grid
-        return rows * cols
+        return rows * (rows + 1) // 2 if self.symmetric else rows * cols
 
     @property
     def n_tasks(self) -> int:
@@ -97,8 +102,17 @@ class MatmulPlan:
 
     @property
     def flops(self) -> int:
+        """Useful flops: 2mnk, or for a Gram product those of its upper triangle, k·m·(m+1)
+        (the sum of ``tile_flops`` over the tasks' tiles)."""
         (m, k), n = self.a.shape, self.b.shape[1]
-        return 2 * m * n * k
+        return k * m * (m + 1) if self.symmetric else 2 * m * n * k
+
+    def tile_flops(self, tile: Tile) -> int:
+        """One tile's useful flops: a Gram product's diagonal tile counts its upper triangle."""
+        (h, w), k = tile.shape, self.a.shape[1]
+        if self.symmetric and tile.index[0] == tile.index[1]:
+            return k * h * (h + 1)
+        return 2 * h * w * k
 
     @property
     def read_bytes(self) -> int:
@@ -110,7 +124,8 @@ class MatmulPlan:
         worker when it holds the whole block; A once per worker when all of A fits beside it.
         """
         (m, k), n = self.a.shape, self.b.shape[1]
-        rows, cols = self.grid
+        # Tiles sharing an A row block and a B column block (a Gram product has about half).
+        cols, rows = (ceil_div(self.n_tiles, max(g, 1)) for g in self.grid)
         (tm, tn), c = self.tile_shape, np.dtype(self.compute_dtype).itemsize
         width = self.panel_width
         threads, workers = self.threads_per_worker, self.workers
@@ -132,15 +147,16 @@ class MatmulPlan:
 
     @property
     def compulsory_read_bytes(self) -> int:
-        """Every input element once."""
+        """Every input element once (a Gram product's one input once)."""
         (m, k), n = self.a.shape, self.b.shape[1]
-        return m * k * np.dtype(self.a.dtype).itemsize + k * n * np.dtype(self.b.dtype).itemsize
+        a_bytes = m * k * np.dtype(self.a.dtype).itemsize
+        return a_bytes if self.symmetric else a_bytes + k * n * np.dtype(self.b.dtype).itemsize
 
     @property
     def lower_bound_read_bytes(self) -> int:
         """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per worker thread (its
-        share of the GPU's memory on a GPU plan, else of the worker's memory limit)."""
-        (m, k), n = self.a.shape, self.b.shape[1]
+        share of the GPU's memory on a GPU plan, else of the worker's memory limit); for a Gram
+        product its flops (about half) over √S."""
         item = max(np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize)
         fast = (
             self.device.memory_bytes
@@ -149,7 +165,7 @@ class MatmulPlan:
         )
         per_thread = fast // self.threads_per_worker
         s = max(per_thread // np.dtype(self.compute_dtype).itemsize, 1)
-        bound = int(2 * m * n * k / math.sqrt(s)) * item
+        bound = int(self.flops / math.sqrt(s)) * item
         return max(bound, self.compulsory_read_bytes)
 
     @property
@@ -166,11 +182,12 @@ class MatmulPlan:
         return max(seconds, key=lambda k: seconds[k])
 
     def tiles(self) -> Iterator[Tile]:
-        """Tiles column by column: concurrent tiles then share B panels (see read_bytes)."""
+        """Tiles column by column: concurrent tiles then share B panels (see read_bytes); a
+        Gram product's on and above the diagonal only."""
         (m, n), (tm, tn) = self.out.shape, self.tile_shape
         rows, cols = self.grid
         for j in range(cols):
-            for i in range(rows):
+            for i in range(min(j + 1, rows) if self.symmetric else rows):
                 yield Tile((i, j), (i * tm, min((i + 1) * tm, m)), (j * tn, min((j + 1) * tn, n)))
 
     def k_groups(self) -> list[KPanels]:
@@ -197,6 +214,8 @@ def estimated_seconds(plan: MatmulPlan) -> float:
     tm, tn = plan.tile_shape
     k = plan.a.shape[1]
     task_flops = 2 * tm * tn * k / plan.split_k
+    if plan.symmetric:  # diagonal tiles do half
+        task_flops = plan.flops / max(plan.n_tiles, 1) / plan.split_k
     task_read = plan.read_bytes / max(plan.n_tasks, 1)
     rounds = ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
     rate = FLOPS_PER_THREAD * 4 / max(np.dtype(plan.compute_dtype).itemsize, 4)

@@ -24,6 +24,7 @@ def calculate_task_bytes(
     split_k: int,
     first_band_rows: int,
     shape: tuple[int, int, int] | None = None,
+    prior: bool = False,
 ) -> tuple[int, int]:
     """Projected peak host and device bytes of one tile task.
 
@@ -38,6 +39,7 @@ def calculate_task_bytes(
     of panels while finished bands (``first_band_rows`` is the largest) are cast and written,
     zarr's memory for each band write. With split K, the reduction holds three tiles and the
     write task the whole tile's buffers. Device: the accumulator and one panel of each input.
+    ``prior`` (--accumulate): C's original tile is read (zarr's buffers) and kept all along.
     """
     tm, tn = tile_shape
     width = panel_width
@@ -62,6 +64,10 @@ def calculate_task_bytes(
         host = max(acc + streaming, 3 * acc + written(tm))
     else:
         host = acc + max(streaming, a_panel + b_panel + written(first_band_rows))
+    if prior:  # the original tile, and the band combining it with the product
+        original = tm * tn * o_item
+        host += original + first_band_rows * tn * c_item
+        host = max(host, acc + original + zarr_bytes((tm, tn), chunks[2], (m, n), o_item))
     device = acc + (tm * width + width * tn) * c_item
     return host, device
 

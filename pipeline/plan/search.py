@@ -25,6 +25,7 @@ from pipeline.plan.memory import (
     calculate_task_bytes,
     calculate_worker_bytes,
 )
+from pipeline.plan.operands import check_contraction, symmetric_layout
 from pipeline.plan.spec import ArraySpec, KPanels, OutputSpec
 from pipeline.plan.units import format_bytes
 
@@ -75,6 +76,8 @@ def plan_matmul(
     decode_threads: int = 1,
     output: OutputSpec | None = None,
     limits: PlanLimits | None = None,
+    transposed: tuple[bool, bool] = (False, False),
+    symmetric: bool = False,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
@@ -85,7 +88,10 @@ def plan_matmul(
     lives there; the host holds pinned staging) and its modelled rates, with
     ``decode_threads`` host threads per worker decoding panels;
     ``output``: OUT's dtype, chunks and shards as asked (default: follow the inputs);
-    ``limits``: the most tasks and K panels per task (PlanLimitError beyond them).
+    ``limits``: the most tasks and K panels per task (PlanLimitError beyond them);
+    ``a`` and ``b`` are the operands as used: ``transposed`` says which are read transposed
+    (the memory model counts the copy that places them); ``symmetric``: a Gram product
+    (op(B) = op(A)ᵀ), square tiles, only those on and above the diagonal.
     """
     _check_operands(a, b)
     if workers < 1 or threads_per_worker < 1:
@@ -94,6 +100,8 @@ def plan_matmul(
             f"with {threads_per_worker} thread(s)"
         )
     out, compute_dtype = output_spec(a, b, output or OutputSpec())
+    if symmetric:
+        symmetric_layout(out)
     k = a.shape[1]
     width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
     panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
@@ -115,11 +123,17 @@ def plan_matmul(
         "threads_per_worker": threads_per_worker,
         "memory_limit_bytes": memory_limit_bytes,
         "block_shape": block,
+        "transposed": transposed,
+        "symmetric": symmetric,
+        "prior": (output or OutputSpec()).accumulate,
     }
     best: tuple[tuple[float, int], MatmulPlan] | None = None
     smallest: MatmulPlan | None = None
     fewest: MatmulPlan | None = None  # the fewest tasks among those that fit the memory
-    for shape in [tile_shape] if tile_shape else _tile_candidates(out, block):
+    candidates = _tile_candidates(out, block)
+    if symmetric:  # one grid both ways: a tile's mirror is a tile
+        candidates = (s for s in candidates if s[0] == s[1])
+    for shape in [tile_shape] if tile_shape else candidates:
         plan = _candidate(shape, cache_fraction, **shared)
         if gpu:
             plan = with_device(plan, *gpu)
@@ -155,6 +169,7 @@ def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any
         split_k=split,
         first_band_rows=first_band_rows(tm, shared["block_shape"][0]),
         shape=(a.shape[0], a.shape[1], b.shape[1]),
+        prior=shared.pop("prior"),  # kwargs: the caller's dict keeps it
     )
     tiles = ceil_div(out.shape[0], tm) * ceil_div(out.shape[1], tn)
     workers, threads = shared["workers"], shared["threads_per_worker"]
@@ -190,12 +205,7 @@ def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
                 f"{name} has {len(spec.shape)} dimension(s) {spec.shape}; "
                 "only 2-D matrices can be multiplied"
             )
-    if a.shape[1] != b.shape[0]:
-        raise InputError(
-            f"shapes do not contract: A is {a.shape[0]}x{a.shape[1]} and B is "
-            f"{b.shape[0]}x{b.shape[1]}; A's columns ({a.shape[1]}) must equal B's rows "
-            f"({b.shape[0]})"
-        )
+    check_contraction(a.shape, b.shape)  # with the transposes that would contract
 
 
 def gemm_block(out: ArraySpec, min_block: int = CPU_GEMM_BLOCK) -> tuple[int, int]:

@@ -28,6 +28,13 @@ class ArraySpec:
         else the chunk."""
         return self.shards or self.chunks
 
+    def transposed(self) -> ArraySpec:
+        """The spec of this array's transpose (shape, chunks and shards reversed): what the
+        planner sees of an operand read transposed."""
+        shards = (self.shards[1], self.shards[0]) if self.shards else None
+        shape, chunks = self.shape, self.chunks
+        return ArraySpec((shape[1], shape[0]), (chunks[1], chunks[0]), self.dtype, shards)
+
 
 @dataclass(frozen=True)
 class OutputSpec:
@@ -41,6 +48,8 @@ class OutputSpec:
     """Shard rows and columns, in elements; None: the inputs' shards when they are sharded."""
     zarr_format: int = 3
     """3, or 2 inside a Zarr v2 group (xarray would not see a v3 array there): no shards."""
+    accumulate: bool = False
+    """OUT holds C for ``C ← α·A·B + β·C``: each task also reads and keeps C's original tile."""
 
 
 @dataclass(frozen=True)
@@ -127,5 +136,10 @@ class StoreSpec:
     out_url: str
     storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
     """fsspec options for every URL (``endpoint_url``, ``anon``, ...); repr hides secrets."""
+    transposed: tuple[bool, bool] = (False, False)
+    """Whether A and B are read transposed: the product is op(A) @ op(B), read in place."""
+    symmetric: bool = False
+    """A Gram product (op(B) is op(A) transposed): tiles on and above the diagonal only, each
+    also written mirrored."""
 
     __repr__ = redacted_repr
