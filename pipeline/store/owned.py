@@ -14,16 +14,17 @@ from typing import Any
 from pipeline.store.fs import local_path, url_to_fs
 from pipeline.store.lock import LOCK_NAME
 
-PARTIAL = r"(\.[0-9a-f]{32}\.partial)?"
+PARTIAL = r"(\.[0-9a-f]+\.partial)?"
 """zarr's and our own atomic writes leave ``NAME.<uuid hex>.partial`` when killed mid-write."""
 OWNED = re.compile(
     r"(zarr\.json|\.zarray|\.zattrs|lock\.json|inputs\.json"  # metadata, the lock, listings
     r"|c/\d+/\d+|\d+[./]\d+"  # chunk keys: v3 ("c/i/j"), v2 ("i.j" or "i/j")
     r"|journal/tile-\d+-\d+\.json"  # the journal
     rf"){PARTIAL}"
-    r"|(c/\d+/|journal/|)[^/]*\.[0-9a-f]{32}\.partial"  # zarr's partials: suffix replaced
+    r"|(c/\d+/|journal/|)[^/]*\.[0-9a-f]+\.partial"  # zarr's partials: suffix replaced
+    r"|\.tilegemm-accumulate/.+"  # an unfinished accumulation's state and originals
 )
-OWNED_DIRS = re.compile(r"c|c/\d+|\d+|journal")
+OWNED_DIRS = re.compile(r"c|c/\d+|\d+|journal|\.tilegemm-accumulate(/.+)?")
 
 
 def entries(url: str, storage_options: dict[str, Any]) -> tuple[list[str], list[str]]:
