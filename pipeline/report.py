@@ -22,7 +22,8 @@ def format_plan(plan: MatmulPlan) -> str:
     lines = [
         (
             "product",
-            f"{m}x{k} @ {k}x{n} -> {m}x{n} {plan.out.dtype} (accumulate in {plan.compute_dtype})",
+            f"{_operation(plan)}{m}x{k} @ {k}x{n} -> {m}x{n} {plan.out.dtype} "
+            f"(accumulate in {plan.compute_dtype})",
         ),
         (
             "input chunks",
@@ -56,6 +57,16 @@ def format_plan(plan: MatmulPlan) -> str:
     width = max(len(name) for name, _ in lines)
     table = "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
     return f"{table}\nbound by: {plan.bound_by}"
+
+
+def _operation(plan: MatmulPlan) -> str:
+    """How the operands are used, when not plainly A @ B."""
+    ta, tb = plan.transposed
+    if plan.symmetric:
+        return f"Gram {'Xᵀ·X' if ta else 'X·Xᵀ'} (tiles on and above the diagonal), "
+    if ta or tb:
+        return f"{'Aᵀ' if ta else 'A'} @ {'Bᵀ' if tb else 'B'}: "
+    return ""
 
 
 def _task_memory(plan: MatmulPlan) -> str:
@@ -139,6 +150,8 @@ def format_verify(result: VerifyResult) -> str:
         else "no finite row to check"
     )
     line = f"verify {status}: {result.rounds} round(s), {worst}"
+    if result.asymmetric is not None:  # a Gram product's
+        line += f"; {result.asymmetric} element(s) differ from their mirror"
     if result.finite_inputs and result.pattern_matches:
         return line
     a = _nonfinite(result.a_nonfinite, result.a_nonfinite_rows, "row")
@@ -162,6 +175,8 @@ def format_verify_error(result: VerifyResult) -> str:
         problems.append(
             f"first at row {result.first_mismatch[0]}, column {result.first_mismatch[1]}"
         )
+    if result.asymmetric:
+        problems.append(f"{result.asymmetric} element(s) differ from their mirror in Cᵀ")
     if _finite_part_failed(result):
         problems.append(
             f"worst residual/tolerance {result.worst_ratio:.3g} at row {result.worst_row}"

@@ -40,8 +40,10 @@ import numpy as np
 from distributed import Client, Future
 
 from pipeline.errors import InputError, JobError, UnfinishedOutputError
+from pipeline.plan.operands import operands
 from pipeline.plan.spec import ArraySpec
 from pipeline.progress import CheckLine
+from pipeline.run import symmetry
 from pipeline.run import verify_tasks as tasks
 from pipeline.run.client import wait_some
 from pipeline.run.nonfinite import OVERFLOW_MARGIN
@@ -95,6 +97,8 @@ class VerifyResult:
     """Finite elements of C where a non-finite row of A or column of B implies non-finite."""
     first_mismatch: tuple[int, int] | None = None
     """(row, column) of the first element of C whose finiteness differs from the implied one."""
+    asymmetric: int | None = None
+    """A Gram product's elements not bitwise equal to their mirror (None: not one)."""
 
     @property
     def pattern_matches(self) -> bool:
@@ -116,18 +120,24 @@ def verify_product(
     rounds: int = 2,
     seed: int = 0,
     progress: bool = False,
+    transpose_a: bool | None = None,
+    transpose_b: bool | None = None,
 ) -> VerifyResult:
+    """Check C == op(A)·op(B); the transposes default to those C's attributes record, and a
+    Gram product's C (recorded symmetric) must also equal its transpose bitwise."""
     options = dict(storage_options or {})
-    a, b, c = check_shapes(a_url, b_url, c_url, options)
+    given = (transpose_a, transpose_b)
+    (a, b, c), transposed, symmetric = check_operation(a_url, b_url, c_url, options, given)
     rng = np.random.default_rng(seed)
     r = rng.choice(np.array([-1.0, 1.0]), size=(b.shape[1], rounds))
-    job = CheckSpec(
-        (a_url, b_url, c_url), options, (a, b, c), r, _sample_rows(rng, a.shape[0], a.chunks[0])
-    )
+    sample = _sample_rows(rng, a.shape[0], a.chunks[0])
+    job = CheckSpec((a_url, b_url, c_url), options, (a, b, c), r, sample, transposed)
     run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
     line = CheckLine(progress)
     try:
-        return _check(client, job, run, line)
+        mirrors = symmetry.submit(client, job, run) if symmetric else None
+        result = _check(client, job, run, line)
+        return symmetry.add(result, mirrors) if mirrors else result
     finally:
         line.close()
 
@@ -194,21 +204,41 @@ def _wait_for(futures: list[Future[Any]], line: CheckLine) -> None:
 
 
 def check_shapes(
-    a_url: str, b_url: str, c_url: str, options: dict[str, Any] | None
+    a_url: str,
+    b_url: str,
+    c_url: str,
+    options: dict[str, Any] | None,
+    transposed: tuple[bool | None, bool | None] = (None, None),
 ) -> tuple[ArraySpec, ArraySpec, ArraySpec]:
-    """Open A, B and C read-only and refuse shapes that can't be A, B and A @ B."""
+    """Open A, B and C read-only and refuse shapes that can't be op(A), op(B) and their
+    product; the specs of op(A), op(B) and C."""
+    return check_operation(a_url, b_url, c_url, options, transposed)[0]
+
+
+def check_operation(
+    a_url: str,
+    b_url: str,
+    c_url: str,
+    options: dict[str, Any] | None,
+    given: tuple[bool | None, bool | None] = (None, None),
+) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool]:
+    """``check_shapes``, with the transposes (given, else C's record) and whether C is a
+    Gram product's."""
     a = io.array_spec(io.open_input(a_url, options, "A"), "A")
     b = io.array_spec(io.open_input(b_url, options, "B"), "B")
     c_array = io.open_input(c_url, options, "C")
     _check_finished(c_array, (a_url, b_url, c_url))
+    transposed, symmetric = symmetry.recorded(c_array, given, c_url)
+    a, b = operands(a, b, transposed)
     c = io.array_spec(c_array, "C")
     (m, k), n = a.shape, b.shape[1]
-    if k != b.shape[0] or c.shape != (m, n):
+    if c.shape != (m, n):
         raise InputError(
-            f"shapes do not match: A {m}x{k}, B {b.shape[0]}x{n}, C {c.shape[0]}x{c.shape[1]}; "
-            f"A's columns must equal B's rows and C must be {m}x{n}"
+            f"shapes do not match: {'Aᵀ' if transposed[0] else 'A'} {m}x{k}, "
+            f"{'Bᵀ' if transposed[1] else 'B'} {b.shape[0]}x{n}, C {c.shape[0]}x{c.shape[1]}; "
+            f"C must be {m}x{n}"
         )
-    return a, b, c
+    return (a, b, c), transposed, symmetric
 
 
 def _check_finished(c: Any, urls: tuple[str, str, str]) -> None:

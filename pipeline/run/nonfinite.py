@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline.store import inputs as io
+from pipeline.store.transposed import read_operand
 
 OVERFLOW_MARGIN = 2.0
 """|C_ij| <= ‖A_i‖₂·‖B_j‖₂; a bound above 1/OVERFLOW_MARGIN of C's largest value may overflow."""
@@ -19,7 +19,7 @@ def read_finite(
 ) -> tuple[NDArray[Any], NDArray[np.bool_] | None]:
     """A block in ``wide`` with its non-finite values set to 0, and where they were (None when
     it has none)."""
-    block = io.read_block(array, rows, cols, wide)
+    block = read_operand(array, rows, cols, wide)  # A or B as used (maybe transposed)
     if np.dtype(array.dtype).kind not in "fc":
         return block, None
     nonfinite = ~np.isfinite(block)

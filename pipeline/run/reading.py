@@ -61,25 +61,40 @@ def read_panel(
     clock: PhaseTimes,
     out: NDArray[Any] | None = None,
 ) -> tuple[NDArray[Any], int]:
-    """(panel of ``array`` in the compute dtype, stored bytes decoded here; 0 when another
-    task of this worker decoded it). ``which``: "A" or "B"; ``spec``: the task's TaskSpec."""
+    """(panel ``[rows, cols]`` of op(``array``) in the compute dtype, stored bytes decoded
+    here; 0 when another task of this worker decoded it). ``which``: "A" or "B"; ``spec``: the
+    task's TaskSpec. An operand read transposed is decoded as stored (``[cols, rows]``) and
+    handed out as its transposed view, which BLAS reads in place; into ``out`` (the staged
+    path's pinned buffer) it is copied transposed."""
     limit_read_concurrency(spec.read_concurrency)
-    url = spec.store.a_url if which == "A" else spec.store.b_url
-    shape = (rows[1] - rows[0], cols[1] - cols[0])
+    index = 0 if which == "A" else 1
+    url = (spec.store.a_url, spec.store.b_url)[index]
+    flip = spec.store.transposed[index]
+    at = (cols, rows) if flip else (rows, cols)  # where the panel is stored
+    shape = (at[0][1] - at[0][0], at[1][1] - at[1][0])
     stored = shape[0] * shape[1] * np.dtype(array.dtype).itemsize
 
     def decode(into: NDArray[Any] | None = None) -> NDArray[Any]:
         with clock.measure("decode"):
             if into is None:
                 into = owned_array(host_pool(spec.buffer_bytes), shape, spec.compute_dtype)
-            return inputs.read_block(array, rows, cols, spec.compute_dtype, which, url, into)
+            return inputs.read_block(array, *at, spec.compute_dtype, which, url, into)
 
-    uses = spec.panel_uses[0 if which == "A" else 1]
+    def used(panel: NDArray[Any]) -> NDArray[Any]:
+        return panel.T if flip else panel
+
+    uses = spec.panel_uses[index]
     if out is not None and (spec.cache_bytes <= 0 or uses <= 1):  # nobody else will read it
-        return decode(out), stored
-    key = (spec.run_id, url, rows, cols, spec.compute_dtype)
-    panel, mine = CACHE.get(key, decode, uses)
-    if out is not None:
-        with clock.measure("copy"):
-            np.copyto(out, panel)
-    return (panel if out is None else out), stored if mine else 0
+        if not flip:
+            return decode(out), stored
+        panel = decode()
+    else:
+        # A Gram product reads X as both operands: a panel decoded for one serves the other.
+        key = (spec.run_id, url, *at, spec.compute_dtype, "X" if spec.store.symmetric else which)
+        panel, mine = CACHE.get(key, decode, uses)
+        stored = stored if mine else 0
+        if out is None:
+            return used(panel), stored
+    with clock.measure("copy"):
+        np.copyto(out, used(panel))
+    return out, stored

@@ -82,9 +82,12 @@ def _named_bad_chunks(
     except Exception:
         if spec.gpu_decode:
             a, b, _ = open_task(spec, tile, panels)
+            ta, tb = spec.store.transposed  # read where stored
             for k in panels:
-                inputs.read_block(a, tile.rows, k, spec.compute_dtype, "A", spec.store.a_url)
-                inputs.read_block(b, k, tile.cols, spec.compute_dtype, "B", spec.store.b_url)
+                at_a = (k, tile.rows) if ta else (tile.rows, k)
+                at_b = (tile.cols, k) if tb else (k, tile.cols)
+                inputs.read_block(a, *at_a, spec.compute_dtype, "A", spec.store.a_url)
+                inputs.read_block(b, *at_b, spec.compute_dtype, "B", spec.store.b_url)
         raise
 
 
@@ -110,9 +113,10 @@ def _panels(
     a, b, report = open_task(spec, tile, panels)
     m, n = tile.shape
 
+    # An operand read transposed is decoded on the host and placed transposed there.
     on_device = {
-        "A": spec.gpu_decode and device_decodable(a),
-        "B": spec.gpu_decode and device_decodable(b),
+        "A": spec.gpu_decode and not spec.store.transposed[0] and device_decodable(a),
+        "B": spec.gpu_decode and not spec.store.transposed[1] and device_decodable(b),
     }
 
     def fill(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:

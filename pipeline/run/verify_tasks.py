@@ -23,6 +23,7 @@ from pipeline.run.nonfinite import (
 )
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import inputs as io
+from pipeline.store.transposed import open_operand
 
 TAU = 6.0
 """Tail factor: a Gaussian residual exceeds 6 standard deviations about once in 10⁹ rows."""
@@ -97,13 +98,14 @@ class CheckSpec:
     """The random ±1 vectors, n x rounds."""
     sample: list[tuple[int, int]]
     """Row ranges of C recomputed exactly to measure its rounding noise."""
+    transposed: tuple[bool, bool] = (False, False)
+    """C = op(A)·op(B): A and B are read transposed where set (C's attributes record it)."""
 
     __repr__ = redacted_repr
 
 
 def b_pass(job: CheckSpec, ks: tuple[int, int]) -> _BPart:
-    a = io.open_input(job.urls[0], job.options, "A")
-    b = io.open_input(job.urls[1], job.options, "B")
+    a, b = _operand(job, 0), _operand(job, 1)
     wide = wide_dtype(np.result_type(a.dtype, b.dtype))
     pieces = [read_finite(a, rows, ks, wide) for rows in job.sample]
     a_sample = np.concatenate([p[0] for p in pieces] or [np.zeros((0, ks[1] - ks[0]), wide)])
@@ -154,7 +156,7 @@ def nonfinite_columns(ref: _Reference) -> NDArray[np.bool_]:
 
 def b_masked_pass(job: CheckSpec, ks: tuple[int, int], bad_columns: NDArray[np.bool_]) -> Any:
     """B[ks, :]·r with r set to 0 on B's non-finite columns."""
-    b = io.open_input(job.urls[1], job.options, "B")
+    b = _operand(job, 1)
     wide = wide_dtype(np.result_type(job.specs[0].dtype, b.dtype))
     kept = np.where(bad_columns[:, None], 0.0, job.r)
     n, col_chunk = b.shape[1], job.specs[1].chunks[1]
@@ -204,7 +206,7 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     tolerance on the finite part."""
     a_spec, b_spec, c_spec = job.specs
     k, n = b_spec.shape
-    a = io.open_input(job.urls[0], job.options, "A")
+    a = _operand(job, 0)
     c = io.open_input(job.urls[2], job.options, "C")
     bad_columns = ref.b_counts > 0
     b_norm = float(np.sqrt((ref.b_norms**2).sum()))
@@ -233,6 +235,32 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
         ratio, pattern.mismatched, a_counts, pattern.unexpected, pattern.overflow,
         pattern.missing, pattern.first,
     )  # fmt: skip
+
+
+def _operand(job: CheckSpec, index: int) -> Any:
+    url, name = job.urls[index], "AB"[index]
+    return open_operand(url, job.options, name, job.transposed[index])
+
+
+def asymmetric(job: CheckSpec, rows: tuple[int, int]) -> int:
+    """Elements of C's row block ``rows`` (right of its diagonal) that are not bitwise equal
+    to their mirror, C's column block below it: over every row block, C is read once."""
+    c = io.open_input(job.urls[2], job.options, "C")
+    n, step = c.shape[1], job.specs[2].chunks[1]
+    found = 0
+    for c0 in range(rows[0], n, step):
+        cols = (c0, min(c0 + step, n))
+        block = io.read_block(c, rows, cols, str(c.dtype))
+        mirror = io.read_block(c, cols, rows, str(c.dtype)).T
+        found += int((_bits(block) != _bits(mirror)).sum())
+    return found
+
+
+def _bits(x: NDArray[Any]) -> NDArray[Any]:
+    """Elements as unsigned integers of their size (complex: two per element)."""
+    x = np.ascontiguousarray(x)
+    size = x.dtype.itemsize // (2 if x.dtype.kind == "c" else 1)
+    return x.view(f"u{size}") if x.dtype.kind != "b" else x
 
 
 def _unit(dtype: str) -> float:

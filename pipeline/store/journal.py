@@ -11,7 +11,8 @@ import numpy as np
 import zarr
 
 from pipeline.errors import UsageError
-from pipeline.plan import MatmulPlan
+from pipeline.plan import MatmulPlan, Tile
+from pipeline.store import mirror
 from pipeline.store.fs import fsspec_options, list_json, url_to_fs
 
 log = logging.getLogger("pipeline")
@@ -40,13 +41,18 @@ def finished_tiles(
         tile = tiles.get(index)
         if tile is None or entry.get("fingerprint") != fp:
             continue
-        data = np.ascontiguousarray(
-            out[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]], dtype=plan.out.dtype
-        )
-        if zlib.crc32(data.data) == entry.get("checksum"):
+        if _checksum(out, plan, tile) == entry.get("checksum"):
             done.add(tile.index)
     log.info("resume: %d of %d tile(s) already written", len(done), len(tiles))
     return done
+
+
+def _checksum(out: Any, plan: MatmulPlan, tile: Tile) -> int | None:
+    """A written tile's crc32 as its task computed it (a Gram product's: see store.mirror)."""
+    if plan.symmetric:
+        return mirror.stored_checksum(out, tile, plan.out.dtype, plan.block_shape[0])
+    rows, cols = slice(*tile.rows), slice(*tile.cols)
+    return zlib.crc32(np.ascontiguousarray(out[rows, cols], dtype=plan.out.dtype).data)
 
 
 def stale_tiles(
@@ -56,8 +62,10 @@ def stale_tiles(
     band) and of their columns of B (a B object's column band)."""
     a_rows = plan.a.outer_chunks[0]
     b_cols = plan.b.outer_chunks[1]
-    bands_a = {i for i, _ in a_changed}
-    bands_b = {j for _, j in b_changed}
+    # Changed objects are keyed as stored; an operand read transposed has its axes swapped.
+    ta, tb = plan.transposed
+    bands_a = {key[1 if ta else 0] for key in a_changed}
+    bands_b = {key[0 if tb else 1] for key in b_changed}
     return {
         t.index
         for t in plan.tiles()
