@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint bench bench-gpu bench-feed clean
+.PHONY: venv demo test test-slow test-gpu check lint bench bench-general bench-gpu bench-feed clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,12 @@ bench: venv
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[bench]'
 	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F32) --dtype float32 --repeats 3
 	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F64) --dtype float64 --repeats 3
+	$(MAKE) bench-general
+
+# Gram and Xᵀ Y (X, Y = 32768x4096 float32, 2048² zstd chunks) against our general product and
+# dask threads; a few minutes on 2 cores.
+bench-general: venv
+	$(PY) -m benchmarks.general_products --shape 32768x4096 --chunk 2048 --repeats 3
 
 # How well the host feeds a GPU, on an EMULATED device (no GPU needed): compute-bound and
 # balanced, 8192² float32 in 2048² zstd chunks.

@@ -16,6 +16,7 @@ _EXPORTS = {
     "MultiplyResult": "pipeline.job",
     "PipelineError": "pipeline.errors",
     "VerifyResult": "pipeline.verify",
+    "gram": "pipeline.gramian",
     "multiply": "pipeline.api",
     "prepare": "pipeline.api",
     "verify_product": "pipeline.verify",

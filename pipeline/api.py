@@ -20,13 +20,14 @@ from numpy.typing import DTypeLike
 
 from cluster import ClusterSpec
 from kernels.backends import AUTO, CHOICES, get_backend, staged_backends
-from pipeline import settings
+from pipeline import accumulation, settings
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.job import MatmulJob
 from pipeline.options import JobOptions, MultiplyResult
 from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import dimension_names
+from pipeline.plan.operands import check_gram, operands
 from pipeline.planning import plan_for, planning_backend
 from pipeline.store import inputs
 from pipeline.store.fs import absolute, check_protocol, resolve_url
@@ -51,21 +52,28 @@ def prepare(
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
     gpu_decode: bool = False,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
     dtype: DTypeLike | None = None,
     chunks: Pair | None = None,
     shards: Pair | None = None,
     overwrite: bool = False,
     resume: bool = False,
+    accumulate: bool = False,
+    alpha: float = 1.0,
+    beta: float | None = None,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: bool = False,
     cluster: ClusterSpec | None = None,
     report: str | None = None,
+    symmetric: bool = False,
 ) -> MatmulJob:
     """Validate ``out = a @ b`` and plan it: inputs opened read-only, bad input refused, no
     cluster started and nothing written. ``print(job)`` shows the plan; ``job.execute()``
     runs it. ``dtype``, ``chunks`` and ``shards`` choose OUT's layout (default: follow the
-    inputs; see the README)."""
+    inputs; see the README). ``transpose_a``/``transpose_b`` multiply op(A) = Aᵀ / op(B) = Bᵀ,
+    read in place; ``symmetric`` is set by ``pipeline.gram`` only (op(B) = op(A)ᵀ)."""
     settings.check_all()  # every tilegemm.* setting, before any work
     if backend not in CHOICES:
         raise UsageError(f"unknown backend {backend!r}; choose {', '.join(CHOICES)}")
@@ -76,6 +84,19 @@ def prepare(
             f"--gpu-decode decodes the inputs on the GPU: it needs --backend "
             f"{' or '.join(staged_backends())}, not {backend}"
         )
+    layout = OutputSpec(
+        None if dtype is None else parse_dtype(dtype),
+        parse_pair(chunks, "--chunks"),
+        parse_pair(shards, "--shards"),
+    )
+    beta = accumulation.check_flags(
+        accumulate=accumulate,
+        alpha=alpha,
+        beta=beta,
+        overwrite=overwrite,
+        verify=verify,
+        layout=layout,
+    )
     urls, storage = _locate((a, b, out), storage_options)
     options = JobOptions(
         backend=backend,
@@ -84,19 +105,21 @@ def prepare(
         gpu_decode=gpu_decode,
         overwrite=overwrite,
         resume=resume,
+        accumulate=accumulate,
+        alpha=float(alpha),
+        beta=beta,
         verify=verify,
         storage_options=storage,
-        output=OutputSpec(
-            None if dtype is None else parse_dtype(dtype),
-            parse_pair(chunks, "--chunks"),
-            parse_pair(shards, "--shards"),
-        ),
+        output=layout,
         progress=progress,
         cluster=cluster or ClusterSpec(),
         report=report
         and check_report(report, dict(zip(("A", "B", "OUT"), urls, strict=True)), storage),
     )
-    return _validated(StoreSpec(*urls, storage), options, out)
+    if symmetric:
+        check_gram(urls, (transpose_a, transpose_b))
+    store = StoreSpec(*urls, storage, (transpose_a, transpose_b), symmetric)
+    return _validated(store, options, out)
 
 
 def _locate(
@@ -119,22 +142,34 @@ def _locate(
 
 def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> MatmulJob:
     """Open the inputs read-only, refuse bad input and plan (no cluster, nothing written)."""
-    names = (("A", store.a_url), ("B", store.b_url))
+    names = (
+        (("X", store.a_url),) * 2 if store.symmetric else (("A", store.a_url), ("B", store.b_url))
+    )
     arrays = [inputs.open_input(url, store.storage_options, name) for name, url in names]
     for array, (name, url) in zip(arrays, names, strict=True):
         inputs.check_encoding(array, name, url)
     if options.gpu_decode:
-        _check_device_decodable(arrays, names)
-    a_spec, b_spec = inputs.array_spec(arrays[0], "A"), inputs.array_spec(arrays[1], "B")
+        _check_device_decodable(arrays, names, store.transposed)
+    a_spec, b_spec = (
+        inputs.array_spec(x, name) for x, (name, _) in zip(arrays, names, strict=True)
+    )
+    a_spec, b_spec = operands(a_spec, b_spec, store.transposed)  # the planner sees op(A), op(B)
     output = Output(store.out_url, store.storage_options)
     output.check_path([store.a_url, store.b_url])
-    state = _state(output, out_given)
-    options = replace(
-        options, output=_output_request(output, options.output, state, options.resume)
-    )
+    state: dict[str, Any] | None
+    if options.accumulate:
+        state, request = accumulation.target(output, a_spec, b_spec, options.alpha, options.beta)
+    else:
+        state = _state(output, out_given)
+        request = _output_request(output, options.output, state, options.resume)
+    options = replace(options, output=request)
     # Refuse a plan that cannot fit (or an unsafe dtype, a bad layout) before starting anything.
-    plan = plan_for(a_spec, b_spec, options, state, None, planning_backend(options.backend))
-    dims = dimension_names(inputs.dimension_names(arrays[0]), inputs.dimension_names(arrays[1]))
+    backend = planning_backend(options.backend)
+    plan = plan_for(
+        a_spec, b_spec, options, state, None, backend,
+        transposed=store.transposed, symmetric=store.symmetric,
+    )  # fmt: skip
+    dims = dimension_names(*(_names(x, t) for x, t in zip(arrays, store.transposed, strict=True)))
     digest = _metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)
@@ -150,11 +185,16 @@ def multiply(
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
     gpu_decode: bool = False,
+    transpose_a: bool = False,
+    transpose_b: bool = False,
     dtype: DTypeLike | None = None,
     chunks: Pair | None = None,
     shards: Pair | None = None,
     overwrite: bool = False,
     resume: bool = False,
+    accumulate: bool = False,
+    alpha: float = 1.0,
+    beta: float | None = None,
     verify: bool = False,
     storage_options: dict[str, Any] | None = None,
     progress: bool = False,
@@ -166,25 +206,45 @@ def multiply(
     job = prepare(
         a, b, out, backend=backend, memory_limit=memory_limit,
         device_memory_limit=device_memory_limit, gpu_decode=gpu_decode, dtype=dtype,
-        chunks=chunks, shards=shards,
-        overwrite=overwrite, resume=resume, verify=verify, storage_options=storage_options,
+        transpose_a=transpose_a, transpose_b=transpose_b, chunks=chunks, shards=shards,
+        overwrite=overwrite, resume=resume, accumulate=accumulate, alpha=alpha, beta=beta,
+        verify=verify, storage_options=storage_options,
         progress=progress, cluster=cluster, report=report,
     )  # fmt: skip
     return job.execute(client)
 
 
-def _check_device_decodable(arrays: list[Any], names: tuple[tuple[str, str], ...]) -> None:
-    """--gpu-decode needs chunks stored as plain zstd frames: refused when neither input has
-    them (nothing would be decoded on the GPU), a warning when one lacks them."""
-    host = [name for a, (name, _) in zip(arrays, names, strict=True) if not device_decodable(a)]
-    why = "chunks that are not plain zstd frames (sharded, Blosc, LZ4, filters or a checksum)"
-    if len(host) == len(arrays):
+def _check_device_decodable(
+    arrays: list[Any], names: tuple[tuple[str, str], ...], transposed: tuple[bool, bool]
+) -> None:
+    """--gpu-decode needs chunks stored as plain zstd frames, read as stored: refused when
+    neither input has them (nothing would be decoded on the GPU), a warning when one lacks
+    them. An operand read transposed is decoded on the host and placed transposed there."""
+    chunks = "chunks that are not plain zstd frames (sharded, Blosc, LZ4, filters or a checksum)"
+    host = {
+        name: "is read transposed" if t else f"has {chunks}"
+        for a, (name, _), t in zip(arrays, names, transposed, strict=True)
+        if t or not device_decodable(a)
+    }
+    if len(host) == len(set(n for n, _ in names)) and len(host) and not any(transposed):
         raise UsageError(
-            f"--gpu-decode: A and B both have {why}, so nothing would be decoded on the GPU; "
+            f"--gpu-decode: A and B both have {chunks}, so nothing would be decoded on the GPU; "
             "drop --gpu-decode, or rewrite them with zarr's default zstd codec and no sharding"
         )
-    for name in host:
-        log.warning("--gpu-decode: %s has %s; it is decoded on the host", name, why)
+    if len(host) == len(set(n for n, _ in names)):
+        raise UsageError(
+            "--gpu-decode: nothing would be decoded on the GPU ("
+            + "; ".join(f"{n} {why}" for n, why in host.items())
+            + "): an operand read transposed is decoded on the host; drop --gpu-decode"
+        )
+    for name, why in host.items():
+        log.warning("--gpu-decode: %s %s; it is decoded on the host", name, why)
+
+
+def _names(array: Any, transposed: bool) -> tuple[str | None, str | None]:
+    """An operand's dimension names as used (reversed when read transposed)."""
+    first, second = inputs.dimension_names(array)
+    return (second, first) if transposed else (first, second)
 
 
 def _bytes(size: int | str | None) -> int | None:

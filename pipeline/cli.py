@@ -38,6 +38,7 @@ log = logging.getLogger("pipeline")
 INTERRUPTED = {
     "multiply": "the tiles written so far are kept: rerun the same command with --resume to "
     "finish OUT",
+    "gram": "the tiles written so far are kept: rerun the same command with --resume to finish G",
     "verify": "nothing was changed: rerun the same command to check C",
     "random": "OUT is incomplete: rerun the same command with --overwrite",
 }
@@ -138,7 +139,6 @@ def _block_sigint(frame: FrameType, event: str, arg: Any) -> None:
 
 def run_multiply(args: argparse.Namespace) -> int:
     from pipeline.api import prepare
-    from pipeline.report import format_accounting, format_summary
 
     job = prepare(
         args.a,
@@ -148,17 +148,35 @@ def run_multiply(args: argparse.Namespace) -> int:
         memory_limit=args.memory_limit,
         device_memory_limit=args.device_memory_limit,
         gpu_decode=args.gpu_decode,
+        transpose_a=args.transpose_a,
+        transpose_b=args.transpose_b,
         dtype=args.dtype,
         chunks=args.chunks,
         shards=args.shards,
         overwrite=args.overwrite,
         resume=args.resume,
+        accumulate=args.accumulate,
+        alpha=args.alpha,
+        beta=args.beta,
         verify=args.verify,
         storage_options=args.storage_options,
         progress=not args.no_progress and sys.stderr.isatty(),
         cluster=_spec(args, probe_dashboard=not args.dry_run),
         report=args.report,
     )
+    return _run_job(job, args)
+
+
+def run_gram(args: argparse.Namespace) -> int:
+    from pipeline.gramian import command
+
+    return _run_job(command(args, _spec(args, probe_dashboard=not args.dry_run)), args)
+
+
+def _run_job(job: Any, args: argparse.Namespace) -> int:
+    """A product's job: print its plan (--dry-run), or run it and print what it did."""
+    from pipeline.report import format_accounting, format_summary
+
     if args.dry_run:
         if args.scheduler:  # plan for the cluster at hand
             from cluster import start
@@ -186,7 +204,8 @@ def run_verify(args: argparse.Namespace) -> int:
     from pipeline.verify import check_shapes, verify_product
 
     options = args.storage_options
-    check_shapes(args.a, args.b, args.c, options)  # refuse before starting a cluster
+    given = (args.transpose_a, args.transpose_b)
+    check_shapes(args.a, args.b, args.c, options, given)  # refuse before starting a cluster
     with start(_spec(args), args.memory_limit) as client:
         warn_if_exposed(client, options)
         result = verify_product(
@@ -198,6 +217,8 @@ def run_verify(args: argparse.Namespace) -> int:
             rounds=args.rounds,
             seed=args.seed,
             progress=not args.no_progress and sys.stderr.isatty(),
+            transpose_a=args.transpose_a,
+            transpose_b=args.transpose_b,
         )
     print(format_verify(result))
     if not result.passed:
@@ -214,7 +235,12 @@ def run_random(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"multiply": run_multiply, "verify": run_verify, "random": run_random}
+COMMANDS = {
+    "multiply": run_multiply,
+    "gram": run_gram,
+    "verify": run_verify,
+    "random": run_random,
+}
 
 
 def _spec(args: argparse.Namespace, probe_dashboard: bool = True) -> ClusterSpec:

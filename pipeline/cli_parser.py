@@ -44,51 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     mul.add_argument("a", metavar="A", help="path or fsspec URL of a 2-D Zarr array")
     mul.add_argument("b", metavar="B", help="path or fsspec URL of a 2-D Zarr array")
     mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
-    mul.add_argument(
-        "--backend",
-        choices=CHOICES,
-        default="auto",
-        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy; "
-        "emulated: a modelled GPU that does no math (OUT is NaN), for measuring the feed",
+    _product_args(mul, multiply=True)
+    gram = sub.add_parser(
+        "gram", help="G = Xᵀ X (--rows: X Xᵀ), half the work of a general product", parents=[common]
     )
-    _cluster_args(mul)
-    mul.add_argument(
-        "--device-memory-limit",
-        type=_size,
-        metavar="SIZE",
-        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
-    )
-    mul.add_argument(
-        "--gpu-decode",
-        action="store_true",
-        help="cuda/emulated: copy zstd chunks compressed and decode them on the GPU (nvCOMP on "
-        "the workers), not on the host",
-    )
-    mul.add_argument(
-        "--dtype",
-        metavar="DTYPE",
-        help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
-        "products that could overflow it are refused",
-    )
-    mul.add_argument(
-        "--chunks", metavar="RxC", help="OUT's chunks (default: A's row chunk x B's column chunk)"
-    )
-    mul.add_argument(
-        "--shards",
-        metavar="RxC",
-        help="OUT's Zarr v3 shards, whole chunks each (default: the inputs' shards, if any)",
-    )
-    write = mul.add_mutually_exclusive_group()
-    write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
-    write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
-    mul.add_argument("--verify", action="store_true", help="check the product (Freivalds)")
-    mul.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    mul.add_argument("--report", metavar="FILE.html", help="save distributed's performance report")
-    mul.add_argument(
-        "--no-progress",
-        action="store_true",
-        help="no progress line (tiles, K panels, GFLOP/s, bytes read, ETA)",
-    )
+    gram.add_argument("x", metavar="X", help="path or fsspec URL of a 2-D Zarr array")
+    gram.add_argument("g", metavar="G", help="where to write the Gram matrix (Zarr v3)")
+    gram.add_argument("--rows", action="store_true", help="G = X Xᵀ (rows by rows)")
+    _product_args(gram, multiply=False)
 
     ver = sub.add_parser(
         "verify", help="exit 0 if C == A @ B within floating-point tolerance", parents=[common]
@@ -97,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
     ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
     ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
+    _transpose_args(ver, verify=True)
     _cluster_args(ver)
     ver.add_argument(
         "--no-progress",
@@ -115,6 +79,97 @@ def build_parser() -> argparse.ArgumentParser:
     rnd.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     _storage_args(rnd)
     return parser
+
+
+def _product_args(p: argparse.ArgumentParser, multiply: bool) -> None:
+    """A product's options: multiply's, or gram's (no transposes, no accumulation)."""
+    p.add_argument(
+        "--backend",
+        choices=CHOICES,
+        default="auto",
+        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy; "
+        "emulated: a modelled GPU that does no math (OUT is NaN), for measuring the feed",
+    )
+    _cluster_args(p)
+    p.add_argument(
+        "--device-memory-limit",
+        type=_size,
+        metavar="SIZE",
+        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
+    )
+    p.add_argument(
+        "--gpu-decode",
+        action="store_true",
+        help="cuda/emulated: copy zstd chunks compressed and decode them on the GPU (nvCOMP on "
+        "the workers), not on the host",
+    )
+    p.add_argument(
+        "--dtype",
+        metavar="DTYPE",
+        help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
+        "products that could overflow it are refused",
+    )
+    p.add_argument(
+        "--chunks", metavar="RxC", help="OUT's chunks (default: A's row chunk x B's column chunk)"
+    )
+    p.add_argument(
+        "--shards",
+        metavar="RxC",
+        help="OUT's Zarr v3 shards, whole chunks each (default: the inputs' shards, if any)",
+    )
+    if multiply:
+        _transpose_args(p)
+    write = p.add_mutually_exclusive_group()
+    write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
+    write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
+    if multiply:
+        _accumulate_args(p)
+    p.add_argument("--verify", action="store_true", help="check the product (Freivalds)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("--report", metavar="FILE.html", help="save distributed's performance report")
+    p.add_argument(
+        "--no-progress",
+        action="store_true",
+        help="no progress line (tiles, K panels, GFLOP/s, bytes read, ETA)",
+    )
+
+
+def _transpose_args(p: argparse.ArgumentParser, verify: bool = False) -> None:
+    for which in ("a", "b"):
+        name = which.upper()
+        p.add_argument(
+            f"--transpose-{which}",
+            action="store_true",
+            default=None if verify else False,  # verify: None reads C's record
+            help=f"C was computed with {name}ᵀ (default: as C's attributes record it)"
+            if verify
+            else f"multiply by {name}ᵀ, read in place (no transposed copy is written)",
+        )
+
+
+def _accumulate_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--accumulate",
+        action="store_true",
+        help="OUT is an existing C (anyone's Zarr array): C = alpha*A@B + beta*C, each "
+        "product added exactly once (retries, kill -9 and --resume included)",
+    )
+    p.add_argument(
+        "--alpha", type=_number, default=1.0, metavar="X", help="OUT = X*A@B (default 1)"
+    )
+    p.add_argument(
+        "--beta",
+        type=_number,
+        metavar="Y",
+        help="with --accumulate: the factor of C's old values (default 1)",
+    )
+
+
+def _number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. 2 or -0.5") from None
 
 
 def _cluster_args(p: argparse.ArgumentParser) -> None:

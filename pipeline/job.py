@@ -21,7 +21,7 @@ from kernels.backends import get_backend
 from pipeline import settings
 from pipeline.errors import JobError
 from pipeline.options import JobOptions, MultiplyResult
-from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec
+from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, operands
 from pipeline.plan.gpu import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.planning import fingerprint, plan_for, planning_backend
@@ -39,7 +39,7 @@ from pipeline.run.client import (
 from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive import warn_if_exposed
-from pipeline.store import resume
+from pipeline.store import accumulate, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
@@ -91,7 +91,10 @@ class MatmulJob:
         live = describe_workers(client)
         if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
             live["device"] = calibrated_device(client)
-        plan = plan_for(self.a, self.b, self.options, self.state, live, chosen)
+        plan = plan_for(
+            self.a, self.b, self.options, self.state, live, chosen,
+            transposed=self.store.transposed, symmetric=self.store.symmetric,
+        )  # fmt: skip
         return replace(self, plan=plan)
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
@@ -100,7 +103,10 @@ class MatmulJob:
         started = time.perf_counter()
         opts = self.options
         report = report_context(opts.report, opts.storage_options)
-        claim = self.output.claim(self.state, overwrite=opts.overwrite, resume=opts.resume)
+        current = (lambda: accumulate.snapshot(self.output)) if opts.accumulate else None
+        claim = self.output.claim(
+            self.state, overwrite=opts.overwrite, resume=opts.resume, current=current
+        )
         with claim as (held, state), _connect(client, opts) as c, report:
             warn_if_exposed(c, opts.storage_options)
             backend = resolve_backend(c, opts.backend, self.plan.compute_dtype)
@@ -118,8 +124,13 @@ class MatmulJob:
                 release_panels(c, spec.run_id)
             usage = usage_since(c, before)
             self._check_finish(held, at_start)
-            self.output.mark(spec.fingerprint, complete=True)
-            verified = self._verify(c, spec.fingerprint) if opts.verify else None
+            if opts.accumulate:  # C's metadata is not ours to mark
+                accumulate.mark_complete(self.output)
+                accumulate.remove(self.output)  # the originals are no longer needed
+                verified = None
+            else:
+                self.output.mark(spec.fingerprint, complete=True)
+                verified = self._verify(c, spec.fingerprint) if opts.verify else None
             self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
         result = MultiplyResult(
@@ -148,11 +159,12 @@ class MatmulJob:
             backend,
             plan.compute_dtype,
             plan.out.dtype,
-            fingerprint(plan, self.inputs_digest),
+            fingerprint(plan, self.inputs_digest, self._factors()),
             cache_bytes=plan.cache_bytes,
             block_shape=plan.block_shape,
             run_id=uuid.uuid4().hex,
-            panel_uses=(cols, rows),
+            # A Gram product's X panel: as A by T - c tiles, as B by c + 1 (the diagonal twice).
+            panel_uses=(rows + 1, rows + 1) if plan.symmetric else (cols, rows),
             # Panels in the cache, in use and prefetched (a full pool falls back to fresh).
             buffer_bytes=plan.cache_bytes + 3 * pairs,
             staging_bytes=staging_bytes(plan) if spec.make_device else 0,
@@ -161,8 +173,18 @@ class MatmulJob:
             overlap=settings.get("gpu-overlap"),
             read_concurrency=self._read_concurrency(spec.make_device is not None),
             gpu_decode=self.options.gpu_decode,
+            alpha=self.options.alpha,
+            beta=self.options.beta,
+            accumulate=self.options.accumulate,
             progress=self.options.progress,
         )
+
+    def _factors(self) -> dict[str, Any] | None:
+        """--alpha, --beta and --accumulate for the fingerprint (None: a plain product's)."""
+        opts = self.options
+        if not opts.accumulate and opts.alpha == 1:
+            return None
+        return {"alpha": opts.alpha, "beta": opts.beta, "accumulate": opts.accumulate}
 
     def _read_concurrency(self, staged: bool) -> int:
         """From local files (CPU-bound decoding) 2 chunks at once per read, 1 on the staged GPU
@@ -180,6 +202,10 @@ class MatmulJob:
     ) -> set[tuple[int, int]]:
         """Create OUT (or keep it for --resume) and return the tiles already done; the caller
         holds OUT's lock."""
+        if self.options.accumulate:
+            return accumulate.start(
+                self.output, plan, fp, now, self.key_encodings, resume=self.options.resume
+            )
         if self.options.resume and state is not None:
             done = self.output.finished_tiles(plan, fp, state)  # refuses another fingerprint
             return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
@@ -187,6 +213,7 @@ class MatmulJob:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
         self.output.save_input_listings(now)
         attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
+        attributes.update(operands.attributes(plan.transposed, plan.symmetric))  # for verify
         self.output.create(
             plan.out.shape, plan.out.chunks, plan.out.dtype, attributes,
             shards=plan.out.shards, dimension_names=self.dimension_names,

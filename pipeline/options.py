@@ -24,6 +24,12 @@ class JobOptions:
     """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
     overwrite: bool = False
     resume: bool = False
+    accumulate: bool = False
+    """OUT is an existing C: ``C ← α·A·B + β·C``, each product added exactly once."""
+    alpha: float = 1.0
+    """OUT gets α·A·B (+ β·C with ``accumulate``)."""
+    beta: float = 1.0
+    """C's old values' factor (``accumulate`` only)."""
     verify: bool = False
     storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
     """fsspec options for A, B and OUT; repr hides secrets."""

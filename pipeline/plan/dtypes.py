@@ -140,3 +140,31 @@ def _fix(lo: int, hi: int) -> str:
         f"no integer dtype holds it: pass --dtype float64 ({exact}), or store the inputs in "
         "narrower integer dtypes when their values allow"
     )
+
+
+def check_accumulation(
+    a_dtype: str, b_dtype: str, k: int, c_dtype: str, alpha: float, beta: float
+) -> None:
+    """``C ← α·A·B + β·C`` in C's dtype: C must hold the product's kind; an integer C takes
+    integral α and β, and α·(the product's worst case) must fit it, as the plain product's
+    guard (no data read). C's own values are unknown before they are read: each task checks
+    α·P + β·C_old against C's range before writing (pipeline/run/accumulate.py)."""
+    _check_kind(a_dtype, b_dtype, c_dtype)
+    if np.dtype(c_dtype).kind not in "biu":
+        return
+    for name, x in (("--alpha", alpha), ("--beta", beta)):
+        if float(x) != int(x):
+            raise UsageError(
+                f"{name} {x:g} is not a whole number, and C is {c_dtype}: an integer C takes "
+                f"a whole {name} only (or accumulate into a float64 C)"
+            )
+    lo, hi = sum_range(a_dtype, b_dtype, k)
+    scaled = sorted(int(alpha) * x for x in (lo, hi))
+    c_lo, c_hi = _int_range(c_dtype)
+    if c_lo <= scaled[0] and scaled[1] <= c_hi:
+        return
+    raise IntegerOverflowError(
+        f"integer overflow: {int(alpha)}·({a_dtype} @ {b_dtype} over K={k:,}) can reach "
+        f"{_num(scaled[0])}..{_num(scaled[1])} (no data read), but C ({c_dtype}) holds "
+        f"{_num(c_lo)}..{_num(c_hi)}; accumulate into a wider C (e.g. int64 or float64)"
+    )

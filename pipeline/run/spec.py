@@ -46,6 +46,13 @@ class TaskSpec:
     gpu_decode: bool = False
     """Stage zstd chunks compressed and decode them on the device (--gpu-decode), where the
     inputs qualify (pipeline.store.raw_chunks)."""
+    alpha: float = 1.0
+    """OUT gets α·A·B (--alpha)."""
+    beta: float = 0.0
+    """With ``accumulate``: OUT gets α·A·B + β·C_old."""
+    accumulate: bool = False
+    """OUT is an existing C updated in place, exactly once per tile (pipeline.run.accumulate);
+    the journal lives in C's accumulation folder."""
     progress: bool = False
     """Send per-panel progress events (pipeline.run.events; on the GPU path a panel counts
     once staged for the device)."""
@@ -58,6 +65,15 @@ class TaskSpec:
     @property
     def output(self) -> Output:
         return Output(self.store.out_url, self.store.storage_options)
+
+    @property
+    def journal(self) -> Output:
+        """Where tiles are journaled: OUT, or an accumulation's folder inside C."""
+        if not self.accumulate:
+            return self.output
+        from pipeline.store.accumulate import sidecar
+
+        return sidecar(self.output)
 
 
 @dataclass(frozen=True)

@@ -9,15 +9,15 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
-import numpy as np
 from numpy.typing import NDArray
 
 from kernels.backends import make_accumulator
 from pipeline.plan import Tile, row_bands
-from pipeline.run import events, staged
+from pipeline.run import accumulate, events, staged
 from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import PhaseTimes, add_phases
+from pipeline.store import mirror
 
 
 def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
@@ -30,7 +30,7 @@ def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
     if spec.staged:
         partial, bytes_read = staged.product(spec, tile, panels, clock)
         return partial, bytes_read, clock.as_dict()
-    acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
+    acc = _accumulator(spec, tile)
     bytes_read = _multiply(spec, tile, panels, acc, clock)
     with clock.measure("copy"):
         partial = acc.result()
@@ -48,14 +48,18 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     start = time.perf_counter()
     partial, bytes_read, phases = product
     clock = PhaseTimes()
+    old = accumulate.original(spec, tile)
     with clock.measure("write"):
-        data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
-        if data.size:
-            spec.output.writable(spec.fingerprint)[
-                tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]
-            ] = data
+        data = accumulate.combine(spec, partial, old)
+        out = spec.output.writable(spec.fingerprint)
+        if spec.store.symmetric:  # the tile and its mirror (pipeline.store.mirror)
+            crc = mirror.write_tile(out, tile, data, _block_rows(spec))
+        else:
+            if data.size:
+                out[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]] = data
+            crc = zlib.crc32(data.data)
     phases = add_phases(phases, clock.as_dict())
-    return _journal(spec, tile, bytes_read, start, zlib.crc32(data.data), phases)
+    return _journal(spec, tile, bytes_read, start, crc, phases)
 
 
 def tile_product_write(
@@ -67,10 +71,15 @@ def tile_product_write(
     out = spec.output.writable(spec.fingerprint)
     clock = PhaseTimes()
     crc = [0]  # chained over the bands in row order: the whole tile's crc32
+    old = accumulate.original(spec, tile)  # saved before the first write of C
 
     def write(band: tuple[int, int], partial: NDArray[Any]) -> None:
         with clock.measure("write"):
-            data = np.ascontiguousarray(partial, dtype=spec.out_dtype)
+            prior = None if old is None else old[band[0] : band[1]]
+            data = accumulate.combine(spec, partial, prior)
+            if spec.store.symmetric:  # the band and its mirror (pipeline.store.mirror)
+                crc[0] = mirror.write_band(out, tile, band, data, crc[0])
+                return
             if data.size:
                 rows = (tile.rows[0] + band[0], tile.rows[0] + band[1])
                 out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
@@ -89,12 +98,24 @@ def tile_product_write(
         if spec.staged:
             bytes_read = staged.product_bands(spec, tile, panels, clock, finished)
         else:
-            acc = make_accumulator(spec.backend, tile.shape, spec.compute_dtype, spec.block_shape)
+            acc = _accumulator(spec, tile)
             bytes_read = _multiply(spec, tile, panels, acc, clock, finished)
         with clock.measure("wait"):
             for future in written:
                 future.result()  # a failed write raises here
     return _journal(spec, tile, bytes_read, start, crc[0], clock.as_dict())
+
+
+def _block_rows(spec: TaskSpec) -> int | None:
+    return spec.block_shape[0] if spec.block_shape else None
+
+
+def _accumulator(spec: TaskSpec, tile: Tile) -> Any:
+    """A zeroed accumulator; a Gram product's diagonal tile needs only its upper part."""
+    upper = mirror.is_diagonal(spec.store.symmetric, tile)
+    return make_accumulator(
+        spec.backend, tile.shape, spec.compute_dtype, spec.block_shape, upper=upper
+    )
 
 
 def _multiply(
@@ -145,7 +166,7 @@ def _journal(
 ) -> TileStats:
     """Record the written tile in OUT/journal/ (what --resume trusts), with its crc32."""
     stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, crc, phases)
-    spec.output.journal_tile(tile.index, {"fingerprint": spec.fingerprint, **asdict(stats)})
+    spec.journal.journal_tile(tile.index, {"fingerprint": spec.fingerprint, **asdict(stats)})
     return stats
 
 

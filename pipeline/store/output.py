@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -111,14 +111,28 @@ class Output:
 
     @contextlib.contextmanager
     def claim(
-        self, seen: dict[str, Any] | None, *, overwrite: bool, resume: bool
+        self,
+        seen: dict[str, Any] | None,
+        *,
+        overwrite: bool,
+        resume: bool,
+        current: Callable[[], dict[str, Any]] | None = None,
     ) -> Iterator[tuple[lock.HeldLock, dict[str, Any] | None]]:
         """Take OUT for one job: its folder (created if new), then its lock, then, under the
         lock, the check that OUT is still what ``prepare`` saw. Yields (the lock, OUT's state).
-        A folder this claim created is removed again if the job leaves it empty."""
+        A folder this claim created is removed again if the job leaves it empty.
+        ``current``: OUT's state for --accumulate (anyone's C, whose other files stay)."""
         created = self._make_folder()
         try:
             with lock.hold_lock(self.url, self.storage_options) as held:
+                if current is not None:
+                    snap = current()
+                    if snap != seen:
+                        raise UnsafeOutputError(
+                            f"C ({self.url}) changed after this job was planned; rerun it"
+                        )
+                    yield held, snap
+                    return
                 now = self.state()
                 if now != seen:
                     raise UnsafeOutputError(

@@ -173,3 +173,19 @@ def test_gpu_decode_names_a_corrupt_chunk(cuda_client: Client, tmp_path: Path) -
     ):
         multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=cuda_client, backend="cuda",
                  gpu_decode=True)  # fmt: skip
+
+
+def test_cuda_backend_accumulates_into_a_sharded_c(
+    cuda_client: Client, operands: tuple[Any, Any, str, str], tmp_path: Path
+) -> None:
+    """--accumulate on the staged CUDA path (simulated): the bands the engine hands back are
+    combined with C's saved originals on the host; C sharded, the originals by shard."""
+    a, b, a_url, b_url = operands
+    c0 = np.arange(40 * 30, dtype="float32").reshape(40, 30) / 100
+    c_url = str(tmp_path / "c.zarr")
+    zarr.create_array(c_url, data=c0, chunks=(10, 15), shards=(20, 30))
+    result = multiply(a_url, b_url, c_url, client=cuda_client, backend="cuda",
+                      accumulate=True, alpha=-1.0, beta=3.0)  # fmt: skip
+    assert result.backend == "cuda"
+    want = -(a.astype(np.float64) @ b.astype(np.float64)) + 3 * c0
+    np.testing.assert_allclose(zarr.open_array(c_url, mode="r")[:], want, rtol=1e-5, atol=1e-4)

@@ -67,7 +67,8 @@ def test_debug_is_accepted_before_or_after_the_command(argv: list[str], debug: b
         (  # a misspelled command
             ["multipy", "a", "b", "c"],
             "error: argument command: invalid choice: 'multipy' (choose from 'multiply', "
-            "'verify', 'random'); did you mean 'multiply'? (see `python -m pipeline --help`)",
+            "'gram', 'verify', 'random'); did you mean 'multiply'? "
+            "(see `python -m pipeline --help`)",
         ),
     ],
 )

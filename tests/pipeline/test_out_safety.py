@@ -337,3 +337,20 @@ def test_stale_tiles_follow_shards(tmp_path: Path) -> None:
     assert by_a == {t.index for t in plan.tiles() if t.rows[0] >= 512}
     by_b = stale_tiles(plan, set(), {(0, 2)})
     assert by_b == {t.index for t in plan.tiles() if t.cols == (512, 768)}
+
+
+def test_stale_tiles_follow_transposed_operands() -> None:
+    """Aᵀ: a changed stored A object (k, i) stales op(A)'s row band i; Bᵀ: B's (j, k) stales
+    op(B)'s column band j."""
+    from dataclasses import replace
+
+    from pipeline.plan import ArraySpec, plan_matmul
+    from pipeline.store.journal import stale_tiles
+
+    a = ArraySpec((1024, 64), (256, 64), "float32")  # op(A), as the planner sees it
+    b = ArraySpec((64, 1024), (64, 256), "float32")
+    plan = plan_matmul(a, b, workers=1, threads_per_worker=1, memory_limit_bytes=2**30,
+                       tile_shape=(256, 256))  # fmt: skip
+    plan = replace(plan, transposed=(True, True))
+    assert stale_tiles(plan, {(0, 2)}, set()) == {t.index for t in plan.tiles() if t.index[0] == 2}
+    assert stale_tiles(plan, set(), {(3, 0)}) == {t.index for t in plan.tiles() if t.index[1] == 3}

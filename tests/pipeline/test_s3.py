@@ -133,3 +133,20 @@ def test_lock_on_s3_is_a_conditional_create(s3: dict[str, Any]) -> None:
     held = lock.acquire(url, s3)
     assert held.still_held()
     held.release()
+
+
+def test_accumulate_on_s3(s3: dict[str, Any], client: Client) -> None:
+    rng = np.random.default_rng(12)
+    a, b = random_matrix(rng, (40, 30), "float64"), random_matrix(rng, (30, 20), "float64")
+    c0 = random_matrix(rng, (40, 20), "float64")
+    a_url = put("s3://bucket/acc/a.zarr", a, (20, 15), s3)
+    b_url = put("s3://bucket/acc/b.zarr", b, (15, 10), s3)
+    c_url = put("s3://bucket/acc/c.zarr", c0, (20, 10), s3)
+    multiply(a_url, b_url, c_url, client=client, storage_options=s3, accumulate=True, beta=2)
+    got = zarr.open_array(c_url, mode="r", storage_options=s3)[:]
+    np.testing.assert_allclose(got, a @ b + 2 * c0, rtol=1e-12, atol=1e-12)
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**s3)
+    assert not fs.exists("bucket/acc/c.zarr/.tilegemm-accumulate"), "cleaned up"
+    assert not fs.exists("bucket/acc/c.zarr/lock.json")

@@ -1,0 +1,77 @@
+"""``--accumulate`` / ``--alpha`` / ``--beta`` before any work: the flags, and C (anyone's
+existing array) checked against the product (pipeline/store/accumulate.py runs it)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipeline.errors import InputError, UsageError
+from pipeline.plan import ArraySpec, OutputSpec
+from pipeline.plan.dtypes import check_accumulation
+from pipeline.store import accumulate, inputs
+from pipeline.store.fs import url_to_fs
+from pipeline.store.output import Output
+
+
+def check_flags(
+    *,
+    accumulate: bool,
+    alpha: float,
+    beta: float | None,
+    overwrite: bool,
+    verify: bool,
+    layout: OutputSpec,
+) -> float:
+    """Refuse flags that don't go together; returns β (1 with --accumulate by default)."""
+    for name, value in (("--alpha", alpha), ("--beta", beta)):
+        if value is not None and not math.isfinite(float(value)):
+            raise UsageError(f"{name} {value} is not a finite number")
+    if verify and (accumulate or alpha != 1):
+        raise UsageError(
+            "--verify checks C == A @ B; after --accumulate or with --alpha it can't tell the "
+            "old C from the product yet: verify a plain product, or drop --verify"
+        )
+    if not accumulate:
+        if beta is not None:
+            raise UsageError("--beta scales C's old values: it needs --accumulate")
+        return 0.0
+    if overwrite:
+        raise UsageError(
+            "--accumulate adds into C's values and --overwrite would replace them; pick one"
+        )
+    asked = {"--dtype": layout.dtype, "--chunks": layout.chunks, "--shards": layout.shards}
+    for flag in (f for f, v in asked.items() if v is not None):
+        raise UsageError(f"--accumulate keeps C's layout and dtype; drop {flag}")
+    return 1.0 if beta is None else float(beta)
+
+
+def target(
+    out: Output, a: ArraySpec, b: ArraySpec, alpha: float, beta: float
+) -> tuple[dict[str, Any], OutputSpec]:
+    """C as it is (must exist, 2-D, numeric, of the product's shape and a dtype that holds it):
+    its snapshot (re-checked under its lock) and its layout, which OUT keeps."""
+    fs, path = url_to_fs(out.url, out.storage_options)
+    if not fs.exists(path):
+        raise InputError(
+            f"--accumulate: C ({out.url}) does not exist; it must be an existing Zarr array "
+            "(drop --accumulate to write a new product)"
+        )
+    c = inputs.open_input(out.url, out.storage_options, "C")
+    inputs.check_encoding(c, "C", out.url)
+    shape = (a.shape[0], b.shape[1])
+    if tuple(c.shape) != shape:
+        raise InputError(
+            f"--accumulate: C ({out.url}) is {c.shape[0]}x{c.shape[1]}, but A @ B is "
+            f"{shape[0]}x{shape[1]}; give a C of the product's shape"
+        )
+    check_accumulation(a.dtype, b.dtype, a.shape[1], str(c.dtype), alpha, beta)
+    shards = getattr(c, "shards", None)
+    layout = OutputSpec(
+        str(c.dtype),
+        tuple(int(x) for x in c.chunks),  # type: ignore[arg-type]
+        tuple(int(x) for x in shards) if shards else None,  # type: ignore[arg-type]
+        int(c.metadata.zarr_format),
+        accumulate=True,
+    )
+    return accumulate.snapshot(out), layout

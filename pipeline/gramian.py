@@ -1,0 +1,64 @@
+"""Gram matrices: ``G = Xᵀ X`` (``rows=True``: ``X Xᵀ``) at about half the work of a general
+product. op(A) = Xᵀ and op(B) = X (or X and Xᵀ), read in place from the one array; only tiles on
+and above the diagonal are tasks, each written with its mirror (pipeline.store.mirror), so G
+is exactly symmetric."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from distributed import Client
+
+from pipeline.api import prepare
+from pipeline.errors import UsageError
+from pipeline.job import MatmulJob
+from pipeline.options import MultiplyResult
+
+NOT_FOR_GRAM = ("transpose_a", "transpose_b", "accumulate", "alpha", "beta", "symmetric")
+"""multiply's options that a Gram product does not take: its operands are fixed."""
+
+
+def gram(
+    x: Any, out: Any, *, rows: bool = False, client: Client | None = None, **options: Any
+) -> MultiplyResult:
+    """Compute ``out = xᵀ @ x`` (``rows=True``: ``x @ xᵀ``) for a 2-D Zarr array; ``options``
+    are ``multiply``'s that apply (backend, memory_limit, dtype, chunks, overwrite, resume,
+    verify, storage_options, ...)."""
+    return prepare_gram(x, out, rows=rows, **options).execute(client)
+
+
+def prepare_gram(x: Any, out: Any, *, rows: bool = False, **options: Any) -> MatmulJob:
+    """Validate and plan ``gram`` (no side effects); see ``pipeline.prepare``."""
+    refused = [k for k in NOT_FOR_GRAM if k in options]
+    if refused:
+        flags = ", ".join(f"--{k.replace('_', '-')}" for k in refused)
+        raise UsageError(
+            f"gram takes no {flags}: G = Xᵀ X (or X Xᵀ with --rows) fixes its operands; use "
+            "`multiply` for other products"
+        )
+    return prepare(x, x, out, transpose_a=not rows, transpose_b=rows, symmetric=True, **options)
+
+
+def command(args: argparse.Namespace, cluster: Any) -> MatmulJob:
+    """``python -m pipeline gram X G [--rows]``: the job from the parsed options."""
+    return prepare_gram(
+        args.x,
+        args.g,
+        rows=args.rows,
+        backend=args.backend,
+        memory_limit=args.memory_limit,
+        device_memory_limit=args.device_memory_limit,
+        gpu_decode=args.gpu_decode,
+        dtype=args.dtype,
+        chunks=args.chunks,
+        shards=args.shards,
+        overwrite=args.overwrite,
+        resume=args.resume,
+        verify=args.verify,
+        storage_options=args.storage_options,
+        progress=not args.no_progress and sys.stderr.isatty(),
+        cluster=cluster,
+        report=args.report,
+    )

@@ -1,0 +1,151 @@
+"""``C ← α·A·B + β·C`` exactly once: the accumulation's state beside C's chunks.
+
+Everything lives in ``C/.tilegemm-accumulate/`` (C may be anyone's array: nothing else of it is
+touched but the chunks the tiles rewrite), removed once the accumulation is complete:
+
+- ``state.json``: the fingerprint (inputs, tiling, α, β, C's metadata) and ``complete``;
+- ``original/``: a Zarr array of C's shape and outer chunks holding C's original values of
+  every tile a task has started, with ``saved/tile-I-J.json`` written once a tile's copy is
+  whole. A task saves the copy before its first write to C and, when the copy is already
+  there (a retry, a resumed job), reads C_old from it, never from C: each product is added
+  to the original values once, however often the tile runs;
+- ``journal/`` and ``inputs.json``: as in OUT for a plain product (--resume skips journaled
+  tiles and recomputes those that read a changed input chunk — from the saved originals).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+import numpy as np
+import zarr
+
+from pipeline.errors import UsageError
+from pipeline.plan import MatmulPlan
+from pipeline.store.fs import fsspec_options, list_json, url_to_fs, write_bytes
+from pipeline.store.output import Output
+from pipeline.store.resume import forget_stale
+from pipeline.store.signature import Listing
+
+SIDECAR = ".tilegemm-accumulate"
+STATE = "state.json"
+ORIGINAL = "original"
+SAVED = "saved"
+
+
+def sidecar(out: Output) -> Output:
+    """The accumulation's folder inside C, as an Output (its journal and input listings)."""
+    return Output(f"{out.url.rstrip('/')}/{SIDECAR}", out.storage_options)
+
+
+def read_state(out: Output) -> dict[str, Any] | None:
+    fs, path = url_to_fs(sidecar(out).url, out.storage_options)
+    try:
+        state = json.loads(fs.cat_file(f"{path.rstrip('/')}/{STATE}"))
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        return {"fingerprint": None, "complete": False}  # torn: never taken as finished
+    return state if isinstance(state, dict) else {"fingerprint": None, "complete": False}
+
+
+def start(
+    out: Output,
+    plan: MatmulPlan,
+    fp: str,
+    now: dict[str, Listing],
+    encodings: tuple[tuple[str, str], tuple[str, str]],
+    *,
+    resume: bool,
+) -> set[tuple[int, int]]:
+    """Begin an accumulation (its originals array, input listings and state), or for --resume
+    return the tiles an unfinished one journaled that read no input changed since (the others
+    are computed again, from the saved originals). The caller holds C's lock."""
+    state = read_state(out)
+    if state is not None and state.get("complete"):
+        remove(out)  # a finished one killed while cleaning up
+        state = None
+    if state is None and resume:
+        raise UsageError(
+            f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished, "
+            "or none started); rerun without --resume to add the product again"
+        )
+    if state is not None and not resume:
+        raise UsageError(
+            f"C ({out.url}) holds an unfinished accumulation (some tiles are updated, others "
+            "not); rerun it with --resume to finish it: each product is added exactly once"
+        )
+    if state is not None:
+        if state.get("fingerprint") != fp:
+            raise UsageError(
+                f"cannot resume the accumulation into {out.url}: it was started with other "
+                "inputs, tiling, --alpha or --beta; rerun it exactly as it was started"
+            )
+        done = finished_tiles(out, plan, fp)
+        return done - forget_stale(sidecar(out), plan, now, encodings)
+    _begin(out, plan, fp, now)
+    return set()
+
+
+def _begin(out: Output, plan: MatmulPlan, fp: str, now: dict[str, Listing]) -> None:
+    side = sidecar(out)
+    side.save_input_listings(now)  # before the state: a started accumulation always has one
+    zarr.create_array(
+        f"{side.url}/{ORIGINAL}",
+        shape=plan.out.shape,
+        chunks=tuple(max(c, 1) for c in plan.out.outer_chunks),  # one writer per C object
+        dtype=plan.out.dtype,
+        compressors=None,
+        fill_value=0,
+        zarr_format=3,
+        storage_options=fsspec_options(side.url, out.storage_options),
+        overwrite=False,
+    )
+    state = {"fingerprint": fp, "complete": False, "tile_shape": list(plan.tile_shape)}
+    write_bytes(side.url, STATE, json.dumps(state).encode(), out.storage_options)
+
+
+def finished_tiles(out: Output, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
+    """Tiles journaled by this accumulation whose bytes in C still match their checksum."""
+    side = sidecar(out)
+    c = zarr.open_array(
+        out.url, mode="r", storage_options=fsspec_options(out.url, out.storage_options)
+    )
+    tiles = {t.index: t for t in plan.tiles()}
+    done = set()
+    for entry in list_json(side.url, "journal", out.storage_options):
+        tile = tiles.get(tuple(entry.get("index", ())))
+        if tile is None or entry.get("fingerprint") != fp:
+            continue
+        data = np.ascontiguousarray(c[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]])
+        if zlib.crc32(data.data) == entry.get("checksum"):
+            done.add(tile.index)
+    return done
+
+
+def mark_complete(out: Output) -> None:
+    state = {**(read_state(out) or {}), "complete": True}
+    write_bytes(sidecar(out).url, STATE, json.dumps(state).encode(), out.storage_options)
+
+
+def remove(out: Output) -> None:
+    """Delete the accumulation's folder (its originals go with it)."""
+    fs, path = url_to_fs(sidecar(out).url, out.storage_options)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def snapshot(out: Output) -> dict[str, Any]:
+    """What ``prepare`` saw of C, compared again under C's lock: its metadata and the state of
+    an accumulation into it."""
+    array = zarr.open_array(
+        out.url, mode="r", storage_options=fsspec_options(out.url, out.storage_options)
+    )
+    meta = json.dumps(array.metadata.to_dict(), sort_keys=True, default=str)
+    state = read_state(out)
+    snap: dict[str, Any] = {"metadata": meta, "accumulation": state}
+    if state and state.get("tile_shape"):  # a resumed accumulation keeps its tiling
+        snap["tile_shape"] = state["tile_shape"]
+    return snap
