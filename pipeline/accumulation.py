@@ -27,11 +27,6 @@ def check_flags(
     for name, value in (("--alpha", alpha), ("--beta", beta)):
         if value is not None and not math.isfinite(float(value)):
             raise UsageError(f"{name} {value} is not a finite number")
-    if verify and (accumulate or alpha != 1):
-        raise UsageError(
-            "--verify checks C == A @ B; after --accumulate or with --alpha it can't tell the "
-            "old C from the product yet: verify a plain product, or drop --verify"
-        )
     if not accumulate:
         if beta is not None:
             raise UsageError("--beta scales C's old values: it needs --accumulate")

@@ -125,9 +125,10 @@ class MatmulJob:
             usage = usage_since(c, before)
             self._check_finish(held, at_start)
             if opts.accumulate:  # C's metadata is not ours to mark
-                accumulate.mark_complete(self.output)
-                accumulate.remove(self.output)  # the originals are no longer needed
-                verified = None
+                verified = self._finish_accumulation(c) if opts.verify else None
+                if verified is not False:
+                    accumulate.mark_complete(self.output)
+                    accumulate.remove(self.output)  # the originals are no longer needed
             else:
                 self.output.mark(spec.fingerprint, complete=True)
                 verified = self._verify(c, spec.fingerprint) if opts.verify else None
@@ -214,12 +215,34 @@ class MatmulJob:
         self.output.save_input_listings(now)
         attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
         attributes.update(operands.attributes(plan.transposed, plan.symmetric))  # for verify
+        if self.options.alpha != 1:
+            attributes["alpha"] = self.options.alpha  # verify checks C == alpha * A @ B
         self.output.create(
             plan.out.shape, plan.out.chunks, plan.out.dtype, attributes,
             shards=plan.out.shards, dimension_names=self.dimension_names,
             zarr_format=self.options.output.zarr_format,
         )  # fmt: skip
         return set()
+
+    def _finish_accumulation(self, client: Client) -> bool:
+        """Verify α·A·B + β·C_old against C while the originals are still kept; on a failure
+        they stay (C's way back), and the accumulation stays unfinished."""
+        from pipeline.verify import verify_product
+
+        store, opts = self.store, self.options
+        original = f"{accumulate.sidecar(self.output).url}/{accumulate.ORIGINAL}"
+        result = verify_product(
+            client, store.a_url, store.b_url, store.out_url, store.storage_options,
+            progress=opts.progress, transpose_a=store.transposed[0],
+            transpose_b=store.transposed[1], alpha=opts.alpha, c_old=(original, opts.beta),
+        )  # fmt: skip
+        if not result.passed:
+            log.error(
+                "verification failed: C differs from alpha*A@B + beta*C_old; C's original "
+                "values are kept in %s (a Zarr array of C's shape)",
+                original,
+            )
+        return result.passed
 
     def _verify(self, client: Client, fp: str) -> bool:
         from pipeline.verify import verify_product

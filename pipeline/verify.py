@@ -122,16 +122,32 @@ def verify_product(
     progress: bool = False,
     transpose_a: bool | None = None,
     transpose_b: bool | None = None,
+    alpha: float | None = None,
+    c_old: tuple[str, float] | None = None,
 ) -> VerifyResult:
-    """Check C == op(A)·op(B); the transposes default to those C's attributes record, and a
-    Gram product's C (recorded symmetric) must also equal its transpose bitwise."""
+    """Check C == α·op(A)·op(B) (+ β·C_old: ``c_old`` = (its URL, β), after --accumulate);
+    the transposes and α default to those C's attributes record, and a Gram product's C
+    (recorded symmetric) must also equal its transpose bitwise."""
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
     (a, b, c), transposed, symmetric = check_operation(a_url, b_url, c_url, options, given)
+    alpha = _recorded_alpha(c_url, options) if alpha is None else alpha
+    scaled = None
+    if c_old is not None or alpha != 1:
+        old_url, beta = c_old if c_old is not None else (None, 0.0)
+        scaled = (old_url, float(alpha), float(beta))
     rng = np.random.default_rng(seed)
     r = rng.choice(np.array([-1.0, 1.0]), size=(b.shape[1], rounds))
     sample = _sample_rows(rng, a.shape[0], a.chunks[0])
-    job = CheckSpec((a_url, b_url, c_url), options, (a, b, c), r, sample, transposed)
+    job = CheckSpec(
+        (a_url, b_url, c_url),
+        options,
+        (a, b, c),
+        r,
+        sample,
+        transposed,
+        scaled,
+    )
     run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
     line = CheckLine(progress)
     try:
@@ -239,6 +255,12 @@ def check_operation(
             f"C must be {m}x{n}"
         )
     return (a, b, c), transposed, symmetric
+
+
+def _recorded_alpha(c_url: str, options: dict[str, Any]) -> float:
+    """The α a product of ours was scaled by (``--alpha``; 1 when none is recorded)."""
+    ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
+    return float(ours.get("alpha", 1.0)) if isinstance(ours, dict) else 1.0
 
 
 def _check_finished(c: Any, urls: tuple[str, str, str]) -> None:

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from pipeline.plan import result_dtype
 from pipeline.plan.dtypes import accumulator_dtype
 from pipeline.plan.spec import ArraySpec
+from pipeline.run.accumulated import checked_c
 from pipeline.run.nonfinite import (
     NonfinitePattern,
     any_per_row,
@@ -100,6 +101,9 @@ class CheckSpec:
     """Row ranges of C recomputed exactly to measure its rounding noise."""
     transposed: tuple[bool, bool] = (False, False)
     """C = op(A)·op(B): A and B are read transposed where set (C's attributes record it)."""
+    scaled: tuple[str | None, float, float] | None = None
+    """(C_old's URL or None, α, β): C = α·op(A)·op(B) + β·C_old, and (C − β·C_old)/α is
+    checked (pipeline/run/accumulated.py)."""
 
     __repr__ = redacted_repr
 
@@ -174,7 +178,7 @@ def with_br(ref: _Reference, parts: list[NDArray[Any]]) -> _Reference:
 def measure_noise(job: CheckSpec, ref: _Reference) -> float:
     """SAFETY x max over sampled rows of the robust rms of |C - exact|_sj / (‖A_s‖·‖B_j‖),
     on the finite rows and columns."""
-    c = io.open_input(job.urls[2], job.options, "C")
+    c = checked_c(job)
     n, col_chunk = c.shape[1], job.specs[2].chunks[1]
     if ref.exact.size == 0:
         return 0.0
@@ -207,7 +211,7 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     a_spec, b_spec, c_spec = job.specs
     k, n = b_spec.shape
     a = _operand(job, 0)
-    c = io.open_input(job.urls[2], job.options, "C")
+    c = checked_c(job)
     bad_columns = ref.b_counts > 0
     b_norm = float(np.sqrt((ref.b_norms**2).sum()))
     abr, a_sq, a_counts = stream_rows(a, rows, a_spec.chunks[1], ref.br, wide_dtype(a.dtype))
@@ -220,7 +224,8 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     # C's elements on B's non-finite columns are non-finite (read as 0) or the row fails.
     cr, c_sq, _ = stream_rows(c, rows, c_spec.chunks[1], job.r, wide_dtype(c.dtype), pattern)
     c_norm = np.sqrt(c_sq)
-    stored = _unit(c_spec.dtype) * c_norm
+    # C's own rounding: of the stored values, not of (C - β·C_old)/α when accumulated.
+    stored = _unit(c_spec.dtype) * (c_norm if job.scaled is None else c.stored_norms(rows))
     bound = _unit(compute) * np.sqrt(max(k, 1)) * a_norm * b_norm + stored
     measured = noise * a_norm * b_norm + stored
     verifier = U64 * (np.sqrt(max(k, 1)) * a_norm * b_norm + np.sqrt(n) * c_norm)

@@ -183,8 +183,6 @@ def test_killed_worker_mid_accumulation(tmp_path: Path) -> None:
         ({"overwrite": True}, UsageError, "pick one"),
         # C's layout is kept
         ({"chunks": (100, 100)}, UsageError, "drop --chunks"),
-        # --verify can't separate C_old from the product yet
-        ({"verify": True}, UsageError, "--verify"),
         # nothing to resume
         ({"resume": True}, UsageError, "no unfinished accumulation"),
     ],
@@ -236,3 +234,45 @@ def test_cli_accumulate(tmp_path: Path) -> None:
     assert_once(c_url, expected(a_url, b_url, c0, 2, -0.5))
     bad = run_cli("multiply", a_url, b_url, c_url, "--beta", "2", "--no-progress")
     assert bad.returncode == 2 and bad.stderr.startswith("error: --beta"), bad.stderr
+
+
+def test_verify_after_accumulating(tmp_path: Path, client: Client) -> None:
+    """--verify checks α·A·B + β·C_old from the kept originals; C wrong by a little more than
+    rounding in one element fails, keeps the originals and leaves the accumulation unfinished."""
+    import pipeline.run.accumulate as acc
+
+    a_url, b_url, c_url, c0 = setup(tmp_path)
+    result = multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA,
+                      beta=BETA, verify=True)  # fmt: skip
+    assert result.verified is True
+    assert_once(c_url, expected(a_url, b_url, c0, ALPHA, BETA))
+    # A wrong element (an update lost in one tile) must fail the check.
+    c1 = np.asarray(zarr.open_array(c_url)[:])
+    real = acc.combine
+
+    def lossy(spec: Any, product: Any, old: Any) -> Any:
+        out = real(spec, product, old)
+        if old is not None:
+            out[0, 0] = old[0, 0]  # the product never added here
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(acc, "combine", lossy)
+        with LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cl, \
+                Client(cl) as local:  # fmt: skip
+            bad = multiply(a_url, b_url, c_url, client=local, accumulate=True, verify=True)
+    assert bad.verified is False
+    original = zarr.open_array(str(Path(c_url) / SIDECAR / "original"))[:]
+    np.testing.assert_array_equal(original, c1)  # C's way back
+    with pytest.raises(UsageError, match="unfinished accumulation"):
+        multiply(a_url, b_url, c_url, client=client, accumulate=True)
+
+
+def test_verify_of_an_alpha_scaled_product(tmp_path: Path, client: Client) -> None:
+    from pipeline import verify_product
+
+    a_url, b_url, _, _ = setup(tmp_path)
+    out = str(tmp_path / "scaled.zarr")
+    assert multiply(a_url, b_url, out, client=client, alpha=-3.0, verify=True).verified is True
+    assert verify_product(client, a_url, b_url, out).passed  # α read from OUT's attributes
+    assert not verify_product(client, a_url, b_url, out, alpha=1.0).passed
