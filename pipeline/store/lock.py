@@ -87,22 +87,6 @@ def acquire(url: str, storage_options: dict[str, Any]) -> HeldLock:
     return _acquire_object(url, storage_options, mine)
 
 
-def check_lock(url: str, storage_options: dict[str, Any] | None) -> None:
-    """Refuse early when a live job holds OUT's lock; writes nothing (``acquire`` decides)."""
-    path = local_path(url)
-    if path is not None:
-        with contextlib.suppress(OSError), _opened(os.path.join(path, LOCK_NAME)) as fd:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise _busy(url, _read_fd(fd)) from None
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        return
-    holder = read_lock(url, storage_options)
-    if holder is not None and not _stale(holder):
-        raise _busy(url, holder)
-
-
 def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
     fs, _ = url_to_fs(url, storage_options)
     try:
@@ -213,15 +197,6 @@ def _lock_path(url: str, storage_options: dict[str, Any] | None) -> str:
         return os.path.join(local, LOCK_NAME)
     _, path = url_to_fs(url, storage_options)
     return f"{path.rstrip('/')}/{LOCK_NAME}"
-
-
-@contextlib.contextmanager
-def _opened(path: str) -> Iterator[int]:
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        yield fd
-    finally:
-        os.close(fd)
 
 
 def _same_file(fd: int, path: str) -> bool:

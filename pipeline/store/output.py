@@ -97,11 +97,6 @@ class Output:
         names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
         return names <= {lock.LOCK_NAME, signature.LISTING_NAME}  # killed before creating
 
-    def check_replaceable(self, overwrite: bool, resume: bool) -> None:
-        """An existing OUT needs --overwrite or --resume, and no live job writing it."""
-        self._check_flags(overwrite, resume)
-        lock.check_lock(self.url, self.storage_options)
-
     def _check_flags(self, overwrite: bool, resume: bool) -> None:
         if not (overwrite or resume):
             raise OutputExistsError(
