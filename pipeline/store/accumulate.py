@@ -16,15 +16,14 @@ touched but the chunks the tiles rewrite), removed once the accumulation is comp
 from __future__ import annotations
 
 import json
-import zlib
 from typing import Any
 
-import numpy as np
 import zarr
 
 from pipeline.errors import UsageError
 from pipeline.plan import MatmulPlan
-from pipeline.store.fs import fsspec_options, list_json, url_to_fs, write_bytes
+from pipeline.store import journal
+from pipeline.store.fs import fsspec_options, url_to_fs, write_bytes
 from pipeline.store.output import Output
 from pipeline.store.resume import forget_stale
 from pipeline.store.signature import Listing
@@ -83,7 +82,7 @@ def start(
                 f"cannot resume the accumulation into {out.url}: it was started with other "
                 "inputs, tiling, --alpha or --beta; rerun it exactly as it was started"
             )
-        done = finished_tiles(out, plan, fp)
+        done = journal.journaled(sidecar(out).url, out.url, out.storage_options, plan, fp)
         return done - forget_stale(sidecar(out), plan, now, encodings)
     _begin(out, plan, fp, now)
     return set()
@@ -105,24 +104,6 @@ def _begin(out: Output, plan: MatmulPlan, fp: str, now: dict[str, Listing]) -> N
     )
     state = {"fingerprint": fp, "complete": False, "tile_shape": list(plan.tile_shape)}
     write_bytes(side.url, STATE, json.dumps(state).encode(), out.storage_options)
-
-
-def finished_tiles(out: Output, plan: MatmulPlan, fp: str) -> set[tuple[int, int]]:
-    """Tiles journaled by this accumulation whose bytes in C still match their checksum."""
-    side = sidecar(out)
-    c = zarr.open_array(
-        out.url, mode="r", storage_options=fsspec_options(out.url, out.storage_options)
-    )
-    tiles = {t.index: t for t in plan.tiles()}
-    done = set()
-    for entry in list_json(side.url, "journal", out.storage_options):
-        tile = tiles.get(tuple(entry.get("index", ())))
-        if tile is None or entry.get("fingerprint") != fp:
-            continue
-        data = np.ascontiguousarray(c[tile.rows[0] : tile.rows[1], tile.cols[0] : tile.cols[1]])
-        if zlib.crc32(data.data) == entry.get("checksum"):
-            done.add(tile.index)
-    return done
 
 
 def mark_complete(out: Output) -> None:

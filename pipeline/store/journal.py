@@ -33,17 +33,26 @@ def finished_tiles(
             f"cannot resume {url}: it was written for different inputs or tiling "
             f"(fingerprint {state.get('fingerprint')} != {fp}); use --overwrite to start over"
         )
-    out = zarr.open_array(url, mode="r", storage_options=fsspec_options(url, storage_options))
+    done = journaled(url, url, storage_options, plan, fp)
+    log.info("resume: %d of %d tile(s) already written", len(done), plan.n_tiles)
+    return done
+
+
+def journaled(
+    journal_url: str, data_url: str, storage_options: dict[str, Any], plan: MatmulPlan, fp: str
+) -> set[tuple[int, int]]:
+    """Tiles with an entry of this fingerprint in ``journal_url``'s journal whose bytes in the
+    array at ``data_url`` (OUT, or an accumulation's C) still match its checksum."""
+    options = fsspec_options(data_url, storage_options)
+    out = zarr.open_array(data_url, mode="r", storage_options=options)
     tiles = {t.index: t for t in plan.tiles()}
     done: set[tuple[int, int]] = set()
-    for entry in list_json(url, JOURNAL_DIR, storage_options):
-        index = tuple(entry.get("index", ()))
-        tile = tiles.get(index)
+    for entry in list_json(journal_url, JOURNAL_DIR, storage_options):
+        tile = tiles.get(tuple(entry.get("index", ())))
         if tile is None or entry.get("fingerprint") != fp:
             continue
         if _checksum(out, plan, tile) == entry.get("checksum"):
             done.add(tile.index)
-    log.info("resume: %d of %d tile(s) already written", len(done), len(tiles))
     return done
 
 
