@@ -23,7 +23,7 @@ import zarr
 from pipeline.errors import UsageError
 from pipeline.plan import MatmulPlan
 from pipeline.store import journal
-from pipeline.store.fs import fsspec_options, url_to_fs, write_bytes
+from pipeline.store.fs import fsspec_options, read_json, url_to_fs, write_bytes
 from pipeline.store.output import Output
 from pipeline.store.resume import forget_stale
 from pipeline.store.signature import Listing
@@ -40,14 +40,12 @@ def sidecar(out: Output) -> Output:
 
 
 def read_state(out: Output) -> dict[str, Any] | None:
-    fs, path = url_to_fs(sidecar(out).url, out.storage_options)
+    torn = {"fingerprint": None, "complete": False}  # never taken as finished
     try:
-        state = json.loads(fs.cat_file(f"{path.rstrip('/')}/{STATE}"))
-    except FileNotFoundError:
-        return None
+        state = read_json(sidecar(out).url, STATE, out.storage_options)
     except ValueError:
-        return {"fingerprint": None, "complete": False}  # torn: never taken as finished
-    return state if isinstance(state, dict) else {"fingerprint": None, "complete": False}
+        return torn
+    return state if state is None or isinstance(state, dict) else torn
 
 
 def start(

@@ -35,6 +35,16 @@ def write_bytes(url: str, relpath: str, data: bytes, storage_options: dict[str, 
     os.replace(partial, target)
 
 
+def read_json(url: str, relpath: str, storage_options: dict[str, Any] | None) -> Any:
+    """The JSON file ``relpath`` inside the store at ``url``, parsed; None when there is none
+    (a torn file raises ValueError: what it means is the caller's to say)."""
+    fs, path = url_to_fs(url, storage_options)
+    try:
+        return json.loads(fs.cat_file(f"{path.rstrip('/')}/{relpath}"))
+    except FileNotFoundError:
+        return None
+
+
 def list_json(url: str, relpath: str, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
     """The JSON files of a folder inside the store, parsed, by name; torn ones skipped."""
     fs, path = url_to_fs(url, storage_options)

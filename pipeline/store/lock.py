@@ -30,7 +30,7 @@ import psutil
 
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
-from pipeline.store.fs import local_path, url_to_fs
+from pipeline.store.fs import local_path, read_json, url_to_fs
 
 log = logging.getLogger("pipeline")
 LOCK_NAME = "lock.json"
@@ -88,14 +88,13 @@ def acquire(url: str, storage_options: dict[str, Any]) -> HeldLock:
 
 
 def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
-    fs, _ = url_to_fs(url, storage_options)
     try:
-        holder = json.loads(fs.cat_file(_lock_path(url, storage_options)))
-    except FileNotFoundError:
-        return None
+        holder = read_json(url, LOCK_NAME, storage_options)
     except (OSError, ValueError):
         return {"pid": None, "host": "unknown", "started": 0}
-    return holder if isinstance(holder, dict) else {"pid": None, "host": "unknown"}
+    if holder is None or isinstance(holder, dict):
+        return holder
+    return {"pid": None, "host": "unknown"}
 
 
 def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:

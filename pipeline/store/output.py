@@ -30,6 +30,7 @@ from pipeline.store.fs import (
     inside,
     local_path,
     location,
+    read_json,
     url_to_fs,
     write_bytes,
 )
@@ -242,10 +243,9 @@ class Output:
 
     def input_listings(self) -> dict[str, Any] | None:
         """The inputs' listings saved at the last run's start (None: none, or unreadable)."""
-        fs, path = url_to_fs(self.url, self.storage_options)
         try:
-            found = json.loads(fs.cat_file(f"{path.rstrip('/')}/{signature.LISTING_NAME}"))
-        except (FileNotFoundError, ValueError):
+            found = read_json(self.url, signature.LISTING_NAME, self.storage_options)
+        except ValueError:
             return None
         return found if isinstance(found, dict) else None
 
