@@ -144,33 +144,40 @@ def run_multiply(args: argparse.Namespace) -> int:
         args.a,
         args.b,
         args.out,
-        backend=args.backend,
-        memory_limit=args.memory_limit,
-        device_memory_limit=args.device_memory_limit,
-        gpu_decode=args.gpu_decode,
         transpose_a=args.transpose_a,
         transpose_b=args.transpose_b,
-        dtype=args.dtype,
-        chunks=args.chunks,
-        shards=args.shards,
-        overwrite=args.overwrite,
-        resume=args.resume,
         accumulate=args.accumulate,
         alpha=args.alpha,
         beta=args.beta,
-        verify=args.verify,
-        storage_options=args.storage_options,
-        progress=not args.no_progress and sys.stderr.isatty(),
-        cluster=_spec(args, probe_dashboard=not args.dry_run),
-        report=args.report,
+        **_product_options(args),
     )
     return _run_job(job, args)
 
 
 def run_gram(args: argparse.Namespace) -> int:
-    from pipeline.gramian import command
+    from pipeline.gramian import prepare_gram
 
-    return _run_job(command(args, _spec(args, probe_dashboard=not args.dry_run)), args)
+    return _run_job(prepare_gram(args.x, args.g, rows=args.rows, **_product_options(args)), args)
+
+
+def _product_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options multiply and gram share, from the command line."""
+    return {
+        "backend": args.backend,
+        "memory_limit": args.memory_limit,
+        "device_memory_limit": args.device_memory_limit,
+        "gpu_decode": args.gpu_decode,
+        "dtype": args.dtype,
+        "chunks": args.chunks,
+        "shards": args.shards,
+        "overwrite": args.overwrite,
+        "resume": args.resume,
+        "verify": args.verify,
+        "storage_options": args.storage_options,
+        "progress": not args.no_progress and sys.stderr.isatty(),
+        "cluster": _spec(args, probe_dashboard=not args.dry_run),
+        "report": args.report,
+    }
 
 
 def _run_job(job: Any, args: argparse.Namespace) -> int:

@@ -5,8 +5,6 @@ is exactly symmetric."""
 
 from __future__ import annotations
 
-import argparse
-import sys
 from typing import Any
 
 from distributed import Client
@@ -39,26 +37,3 @@ def prepare_gram(x: Any, out: Any, *, rows: bool = False, **options: Any) -> Mat
             "`multiply` for other products"
         )
     return prepare(x, x, out, transpose_a=not rows, transpose_b=rows, symmetric=True, **options)
-
-
-def command(args: argparse.Namespace, cluster: Any) -> MatmulJob:
-    """``python -m pipeline gram X G [--rows]``: the job from the parsed options."""
-    return prepare_gram(
-        args.x,
-        args.g,
-        rows=args.rows,
-        backend=args.backend,
-        memory_limit=args.memory_limit,
-        device_memory_limit=args.device_memory_limit,
-        gpu_decode=args.gpu_decode,
-        dtype=args.dtype,
-        chunks=args.chunks,
-        shards=args.shards,
-        overwrite=args.overwrite,
-        resume=args.resume,
-        verify=args.verify,
-        storage_options=args.storage_options,
-        progress=not args.no_progress and sys.stderr.isatty(),
-        cluster=cluster,
-        report=args.report,
-    )
