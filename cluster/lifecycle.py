@@ -22,7 +22,7 @@ from cluster.security import (
     refuse_foreign_hosts,
 )
 from cluster.spec import ClusterSpec, local_cluster_options, split_dashboard_address
-from cluster.tuning import keep_freed_memory, nanny_environ
+from cluster.tuning import keep_freed_memory, nanny_environ, worker_config
 
 log = logging.getLogger("pipeline")
 CONNECT_TIMEOUT_S = 10
@@ -65,7 +65,7 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
-        with dask.config.set(nanny_environ()):
+        with dask.config.set({**nanny_environ(), **worker_config()}):
             cluster = LocalCUDACluster(**options)
     else:
         from distributed import LocalCluster
@@ -78,6 +78,7 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
                 "distributed.worker.memory.spill": False,
                 "distributed.worker.memory.target": False,
                 **nanny_environ(),
+                **worker_config(),
             }
         ):
             cluster = LocalCluster(**options)

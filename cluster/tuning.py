@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import functools
+import sys
 
 M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -2, -3, -8
 SETTINGS = {
@@ -47,3 +48,16 @@ def nanny_environ() -> dict[str, str]:
     """dask config for worker processes started by a nanny: the same settings in their
     environment (distributed's own default trims at 64 KiB, the costliest case)."""
     return {f"distributed.nanny.pre-spawn-environ.{k}": str(v) for k, v in SETTINGS.items()}
+
+
+PROFILER_DEADLOCKS = sys.version_info < (3, 11, 12)
+"""CPython before 3.11.12 can hang a whole worker (gh-106883): ``sys._current_frames()``, which
+distributed's profiler calls every 10 ms, holds the thread-list lock through a garbage
+collection; a GC callback that lets go of the GIL (distributed's own reads /proc) then deadlocks
+with any thread that starts or ends. 3.12 runs the GC only between bytecodes."""
+
+
+def worker_config() -> dict[str, bool]:
+    """dask config for the workers of a cluster we start: no sampling profiler on an interpreter
+    where it can deadlock (the dashboard's Profile page stays empty there)."""
+    return {"distributed.worker.profile.enabled": False} if PROFILER_DEADLOCKS else {}

@@ -17,10 +17,20 @@ if os.environ.get("TILEGEMM_TEST_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
 
+# Every cluster of the suite, in this process and in CLI subprocesses, as cluster.start makes
+# its own: no worker profiler where it can deadlock the interpreter (cluster.tuning's
+# PROFILER_DEADLOCKS; importing `cluster` here would find tests/cluster first).
+if sys.version_info < (3, 11, 12):
+    os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+
 from collections.abc import Iterator  # noqa: E402
 
+import dask  # noqa: E402
 import pytest  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
+
+if sys.version_info < (3, 11, 12):  # in case a plugin imported dask before the variable was set
+    dask.config.set({"distributed.worker.profile.enabled": False})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

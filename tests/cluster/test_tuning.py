@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 
+import dask
 import pytest
 
 from cluster import ClusterSpec, start
-from cluster.tuning import SETTINGS, keep_freed_memory
+from cluster.tuning import PROFILER_DEADLOCKS, SETTINGS, keep_freed_memory
 
 
 def _environ() -> dict[str, str | None]:
@@ -29,3 +30,25 @@ def test_worker_processes_start_with_the_settings(monkeypatch: pytest.MonkeyPatc
     assert len(seen) == 2
     for environ in seen.values():
         assert environ == {k: str(v) for k, v in SETTINGS.items()}
+
+
+def _profiling(dask_worker: object) -> bool:
+    return "profile" in dask_worker.periodic_callbacks  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
+def test_no_worker_profiler_where_it_deadlocks(workers: int) -> None:
+    # The suite itself turns the profiler off (conftest); switch it back on to see start() do it.
+    # 1 worker on 2 cpus runs in this process, 2 workers in processes (local_cluster_options).
+    spec = ClusterSpec(workers=workers, threads_per_worker=1, dashboard_address=":0")
+    with (
+        dask.config.set({"distributed.worker.profile.enabled": True}),
+        start(spec, 2**30) as client,
+    ):
+        profiling = set(client.run(_profiling).values())
+    assert profiling == {not PROFILER_DEADLOCKS}
+
+
+def test_the_suite_runs_its_clusters_as_start_does() -> None:
+    # conftest repeats cluster.tuning's version check (it cannot import `cluster` that early)
+    assert dask.config.get("distributed.worker.profile.enabled") is not PROFILER_DEADLOCKS
