@@ -1,6 +1,6 @@
-"""Worker side of ``C ← α·A·B + β·C`` and of ``--alpha``: C's original tile, saved before the
-task's first write and read back from that copy on every later run of the tile (so a retry
-or a resumed job adds the product once), and the combination of a finished band."""
+"""Worker side of ``C ← α·A·B + β·C`` and of ``--alpha``: C's original tile, moved aside
+before the task's first write and read from there on every run of the tile (so a retry or a
+resumed job adds the product once), and the combination of a finished band."""
 
 from __future__ import annotations
 
@@ -13,29 +13,25 @@ from numpy.typing import NDArray
 from pipeline.errors import InputError
 from pipeline.plan import Tile
 from pipeline.run.spec import TaskSpec
-from pipeline.store.accumulate import ORIGINAL, SAVED, sidecar
+from pipeline.store.accumulate import ORIGINAL, SAVED, move_originals, object_keys, sidecar
 from pipeline.store.fs import url_to_fs, write_bytes
 from pipeline.store.handles import cached_array
 
 
 def original(spec: TaskSpec, tile: Tile) -> NDArray[Any] | None:
-    """C_old of the tile (None unless accumulating): from the saved copy when a previous run of
-    this tile made one, else read from C and saved (whole, then marked) before C is written."""
+    """C_old of the tile (None unless accumulating), read from the accumulation's ``original/``
+    after the tile's objects are moved there (once: a marker says they all are)."""
     if not spec.accumulate:
         return None
-    side = sidecar(spec.output)
-    copy = cached_array(f"{side.url}/{ORIGINAL}", spec.store.storage_options, spec.fingerprint,
-                        writable=True)  # fmt: skip
-    rows, cols = slice(*tile.rows), slice(*tile.cols)
+    side, options = sidecar(spec.output), spec.store.storage_options
     marker = f"{SAVED}/tile-{tile.index[0]}-{tile.index[1]}.json"
-    fs, path = url_to_fs(side.url, spec.store.storage_options)
-    if fs.exists(f"{path.rstrip('/')}/{marker}"):
-        return np.asarray(copy[rows, cols])
-    old = np.asarray(spec.output.writable(spec.fingerprint)[rows, cols])
-    copy[rows, cols] = old
-    write_bytes(side.url, marker, json.dumps({"index": tile.index}).encode(),
-                spec.store.storage_options)  # fmt: skip
-    return old
+    fs, path = url_to_fs(side.url, options)
+    if not fs.exists(f"{path.rstrip('/')}/{marker}"):
+        c = spec.output.writable(spec.fingerprint)
+        move_originals(spec.output, object_keys(c, tile.rows, tile.cols))
+        write_bytes(side.url, marker, json.dumps({"index": tile.index}).encode(), options)
+    copy = cached_array(f"{side.url}/{ORIGINAL}", options, spec.fingerprint)
+    return np.asarray(copy[slice(*tile.rows), slice(*tile.cols)])
 
 
 def combine(spec: TaskSpec, product: NDArray[Any], old: NDArray[Any] | None) -> NDArray[Any]:

@@ -4,11 +4,12 @@ Everything lives in ``C/.tilegemm-accumulate/`` (C may be anyone's array: nothin
 touched but the chunks the tiles rewrite), removed once the accumulation is complete:
 
 - ``state.json``: the fingerprint (inputs, tiling, α, β, C's metadata) and ``complete``;
-- ``original/``: a Zarr array of C's shape and outer chunks holding C's original values of
-  every tile a task has started, with ``saved/tile-I-J.json`` written once a tile's copy is
-  whole. A task saves the copy before its first write to C and, when the copy is already
-  there (a retry, a resumed job), reads C_old from it, never from C: each product is added
-  to the original values once, however often the tile runs;
+- ``original/``: C's own metadata, and C's stored objects (chunks, or shards) of every tile a
+  task has started, moved there as they are (a rename where the store has one: no byte is
+  read, decoded or written), with ``saved/tile-I-J.json`` written once a tile's objects are
+  all moved. A task moves them before its first write to C and always reads C_old from
+  there, never from C: each product is added to the original values once, however often
+  the tile runs;
 - ``journal/`` and ``inputs.json``: as in OUT for a plain product (--resume skips journaled
   tiles and recomputes those that read a changed input chunk — from the saved originals).
 """
@@ -32,6 +33,7 @@ SIDECAR = ".tilegemm-accumulate"
 STATE = "state.json"
 ORIGINAL = "original"
 SAVED = "saved"
+METADATA = ("zarr.json", ".zarray")  # an array's metadata document, Zarr v3 or v2
 
 
 def sidecar(out: Output) -> Output:
@@ -89,19 +91,43 @@ def start(
 def _begin(out: Output, plan: MatmulPlan, fp: str, now: dict[str, Listing]) -> None:
     side = sidecar(out)
     side.save_input_listings(now)  # before the state: a started accumulation always has one
-    zarr.create_array(
-        f"{side.url}/{ORIGINAL}",
-        shape=plan.out.shape,
-        chunks=tuple(max(c, 1) for c in plan.out.outer_chunks),  # one writer per C object
-        dtype=plan.out.dtype,
-        compressors=None,
-        fill_value=0,
-        zarr_format=3,
-        storage_options=fsspec_options(side.url, out.storage_options),
-        overwrite=False,
-    )
+    fs, path = url_to_fs(out.url, out.storage_options)
+    for name in METADATA:  # C's own: its moved objects decode there as they did in C
+        try:
+            document = fs.cat_file(f"{path.rstrip('/')}/{name}")
+        except FileNotFoundError:
+            continue
+        write_bytes(f"{side.url}/{ORIGINAL}", name, document, out.storage_options)
     state = {"fingerprint": fp, "complete": False, "tile_shape": list(plan.tile_shape)}
     write_bytes(side.url, STATE, json.dumps(state).encode(), out.storage_options)
+
+
+def object_keys(array: Any, rows: tuple[int, int], cols: tuple[int, int]) -> list[str]:
+    """The keys of C's stored objects (chunks, or shards) that make up a tile of whole ones."""
+    outer = array.shards or array.chunks
+    spans = []
+    for (start, stop), size, extent in zip((rows, cols), outer, array.shape, strict=True):
+        if start % size or (stop % size and stop != extent):
+            raise AssertionError(f"tile {start}..{stop} is not made of whole {size}-objects")
+        spans.append(range(start // size, -(-stop // size)))
+    return [array.metadata.encode_chunk_key((i, j)) for i in spans[0] for j in spans[1]]
+
+
+def move_originals(out: Output, keys: list[str]) -> None:
+    """Move C's objects into ``original/`` before the tile's first write. Safe to repeat: an
+    object moved by an earlier run is not in C any more (nothing writes C before the tile's
+    marker), and one never written is C's fill value in both places."""
+    fs, path = url_to_fs(out.url, out.storage_options)
+    root = path.rstrip("/")
+    for key in keys:
+        source, target = f"{root}/{key}", f"{root}/{SIDECAR}/{ORIGINAL}/{key}"
+        if not fs.exists(source):
+            continue
+        if fs.exists(target):  # an object store's copy finished and its delete did not
+            fs.rm_file(source)
+            continue
+        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)  # a no-op on object stores
+        fs.mv(source, target)
 
 
 def mark_complete(out: Output) -> None:
