@@ -110,7 +110,12 @@ def _product_args(p: argparse.ArgumentParser, multiply: bool) -> None:
         "products that could overflow it are refused",
     )
     p.add_argument(
-        "--chunks", metavar="RxC", help="OUT's chunks (default: A's row chunk x B's column chunk)"
+        "--chunks",
+        metavar="RxC",
+        help=(
+            "OUT's chunks (default: A's row chunk x B's column chunk, grown to 512 per axis "
+            "when that makes over 1,024 chunks)"
+        ),
     )
     p.add_argument(
         "--shards",

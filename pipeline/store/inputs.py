@@ -25,6 +25,7 @@ from pipeline.errors import (
     storage_problem,
 )
 from pipeline.plan.spec import ArraySpec
+from pipeline.store import chunk_read
 from pipeline.store.bounded import bounded, stored_codec
 from pipeline.store.chunk_sizes import check_declared
 from pipeline.store.fs import (
@@ -195,6 +196,10 @@ def read_block(
     """
     selection = (slice(rows[0], rows[1]), slice(cols[0], cols[1]))
     try:
+        if chunk_read.readable(array):  # small chunks: no trip through zarr per chunk
+            into = out if out is not None else np.empty(_span(rows, cols), dtype=dtype)
+            if chunk_read.read_into(array, rows, cols, into):
+                return into
         if out is not None:
             array.get_basic_selection(selection, out=NDBuffer.from_numpy_array(out))
             return out
@@ -221,6 +226,10 @@ def read_block(
 
 
 Span = tuple[int, int, int, int]
+
+
+def _span(rows: tuple[int, int], cols: tuple[int, int]) -> tuple[int, int]:
+    return (max(rows[1] - rows[0], 0), max(cols[1] - cols[0], 0))
 
 
 def _bad_chunk(

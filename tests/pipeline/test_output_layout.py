@@ -52,6 +52,35 @@ def test_layout(
     assert (out.shape, out.chunks, out.shards) == ((100, 80), chunks, shards)
 
 
+SMALL_A = ArraySpec((4096, 4096), (64, 64), "float32")
+SMALL_B = ArraySpec((4096, 4096), (64, 48), "float32")
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "request_", "chunks", "shards"),
+    [
+        (SMALL_A, SMALL_B, OutputSpec(), (512, 528), None),  # 64x86 chunks: grown past 512
+        (SMALL_A, SMALL_B, OutputSpec(chunks=(64, 48)), (64, 48), None),  # --chunks: exactly
+        (SMALL_A, SMALL_B, OutputSpec(shards=(128, 96)), (64, 48), (128, 96)),  # inside shards
+        # 32 x 32 = 1,024 chunks: not over the limit, as before
+        (ArraySpec((4096, 64), (128, 64), "f4"), ArraySpec((64, 4096), (64, 128), "f4"),
+         OutputSpec(), (128, 128), None),
+        # tall and skinny: rows grow, the 3 columns stay one chunk
+        (ArraySpec((100_000, 5), (10, 5), "f4"), ArraySpec((5, 3), (5, 3), "f4"),
+         OutputSpec(), (520, 3), None),
+    ],
+)  # fmt: skip
+def test_small_default_chunks_grow(
+    a: ArraySpec,
+    b: ArraySpec,
+    request_: OutputSpec,
+    chunks: tuple[int, int],
+    shards: tuple[int, int] | None,
+) -> None:
+    out, _ = output_spec(a, b, request_)
+    assert (out.chunks, out.shards) == (chunks, shards)
+
+
 @pytest.mark.parametrize(
     ("request_", "message"),
     [
