@@ -35,6 +35,7 @@ lint: venv
 	$(PY) -m ruff check pipeline kernels cluster tests benchmarks docs
 	$(PY) -m ruff format --check pipeline kernels cluster tests benchmarks docs
 	$(PY) -m mypy
+	$(VENV)/bin/lint-imports --no-logo --no-cache  # the import contracts in pyproject.toml
 
 check: lint test
 

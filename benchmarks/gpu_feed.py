@@ -4,7 +4,7 @@
         [--device-memory SIZE] [--no-overlap] [--gpu-decode [--decode-gbps D]] [--runs N]
 
 Real reads, decodes, plan and staging; the device's kernels and copies take modelled time
-(flops ÷ F, bytes ÷ G) on their own timelines and do no math (kernels.emulated), so OUT holds
+(flops ÷ F, bytes ÷ G) on their own timelines and do no math (kernels.device.emulated), so OUT holds
 no product. Prints the model's prediction per resource, what was measured, and as its last line
 
     emulated device: busy X.XX of the execution window Y.YY s; bound by <resource>
@@ -93,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
 def real(a: str, b: str, out: str | None) -> int:
     """On a GPU machine: the same path on the cuda backend, the device's busy time from CUDA
     events around every kernel, beside the model's prediction (make bench-gpu)."""
-    from kernels.device import numba_device
+    from kernels.device.gpu import numba_device
 
     device = numba_device()
     device.record_kernels, device.kernel_events = True, []
@@ -125,7 +125,7 @@ def zarr_read_seconds(a: str, b: str) -> float:
 
 def run(a: str, b: str, out: str | None = None, gpu_decode: bool = False) -> dict[str, Any]:
     """One emulated multiply on an in-process cluster; the device's timeline is read here."""
-    from kernels.shared_devices import reset_shared, shared_timelines
+    from kernels.device.shared import reset_shared, shared_timelines
 
     reset_shared()
     result, window = timed_job(a, b, out, "emulated", gpu_decode)

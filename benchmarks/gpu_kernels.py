@@ -4,7 +4,7 @@ It needs a CUDA GPU, numba-cuda and CuPy (pip install cupy-cuda13x): it cannot r
 machines, nor under the Numba CUDA simulator (its timings would mean nothing).
 
 Every contender computes the same C += A @ B on device-resident square inputs: each variant in
-kernels.cuda_host.VARIANTS of the dtype, and cuBLAS gemm with beta=1 through CuPy (what the
+kernels.cuda.host.VARIANTS of the dtype, and cuBLAS gemm with beta=1 through CuPy (what the
 cublas backend runs). A warm-up launch (JIT compile included) is not timed; it also checks the
 result against cuBLAS. Samples alternate between contenders (round-robin, rotating the order) so
 clock and thermal drift hit all alike; each sample is --launches back-to-back launches between
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def require_gpu() -> tuple[Any, Any]:
     """(cupy, numba.cuda) on a machine with a real GPU, else GpuUnavailableError."""
-    from kernels.cublas import CublasUnavailableError, load_cupy
+    from kernels.cuda.cublas import CublasUnavailableError, load_cupy
 
     needs = "this benchmark needs a CUDA GPU and CuPy and cannot run on CPU-only machines"
     try:
@@ -131,7 +131,7 @@ def require_gpu() -> tuple[Any, Any]:
 
 def contenders(cupy: Any, cuda: Any, a: NDArray[Any], b: NDArray[Any]) -> list[Contender]:
     """cuBLAS first (the reference), then every kernel variant of a's dtype."""
-    from kernels.cuda_host import VARIANTS
+    from kernels.cuda.host import VARIANTS
 
     out = [_cublas(cupy, a, b)]
     for variant in VARIANTS.values():
@@ -154,7 +154,7 @@ def _cublas(cupy: Any, a: NDArray[Any], b: NDArray[Any]) -> Contender:
 
 def _numba(cuda: Any, variant: Any, a: NDArray[Any], b: NDArray[Any]) -> Contender:
     # The backend's own compile path (cached): the same launch bounds the backend uses.
-    from kernels.cuda_host import jit_kernel
+    from kernels.cuda.host import jit_kernel
 
     kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)
     m, n = a.shape[0], b.shape[1]

@@ -1,6 +1,6 @@
 """Block-product backends. Nothing here knows about Dask or Zarr; numba is imported lazily.
 
-The package's face is lazy (PEP 562): ``import kernels.launch`` loads no backend.
+The package's face is lazy (PEP 562): ``import kernels.cuda.launch`` loads no backend.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ _EXPORTS = {
     "Accumulator": "kernels.backends",
     "BACKENDS": "kernels.backends",
     "BackendSpec": "kernels.backends",
-    "GPU_DTYPES": "kernels.backends",
+    "GPU_DTYPES": "kernels.constants",
     "get_backend": "kernels.backends",
     "make_accumulator": "kernels.backends",
     "probe_devices": "kernels.backends",

@@ -17,7 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     inspect.add_argument("--ptx-dir", help="write .ptx/.cubin here (default: a new temp dir)")
     args = parser.parse_args(argv)
 
-    from kernels.machine_code import run
+    from kernels.inspect.machine_code import run
 
     try:
         print(run(args.cc, args.json, args.ptx_dir))

@@ -15,11 +15,8 @@ from typing import Any, Protocol
 
 from numpy.typing import NDArray
 
-GPU_DTYPES = ("float32", "float64")
-"""Compute dtypes of the GPU backends (our kernels and cuBLAS)."""
-CPU_GEMM_BLOCK = 256
-"""OpenBLAS's rounding depends on a call's M and N, so the CPU backend multiplies fixed output
-blocks of whole chunks, at least this many rows and columns: the same bytes on any cluster."""
+from kernels.constants import CPU_GEMM_BLOCK as CPU_GEMM_BLOCK  # re-exported: the registry's face
+from kernels.constants import GPU_DTYPES as GPU_DTYPES
 
 
 class Accumulator(Protocol):
@@ -56,7 +53,7 @@ class BackendSpec:
     (an assumption until calibrated on a real device; None on the CPU)."""
     make_device: Callable[[dict[str, float]], Any] | None = None
     """Backends driven by the staged engine: (device parameters) -> this process's shared
-    device (kernels.device protocol). None: the accumulator is driven panel by panel."""
+    device (kernels.device.interface protocol). None: the accumulator is driven panel by panel."""
     explicit_only: bool = False
     """Never chosen by "auto"."""
     calibrates: bool = False
@@ -82,7 +79,7 @@ def _cuda_accumulator(
 ) -> Any:
     import numpy as np
 
-    from kernels.cuda_host import CudaAccumulator
+    from kernels.cuda.host import CudaAccumulator
 
     return CudaAccumulator(shape, np.dtype(dtype))
 
@@ -92,20 +89,20 @@ def _cublas_accumulator(
 ) -> Any:
     import numpy as np
 
-    from kernels.cublas import CublasAccumulator
+    from kernels.cuda.cublas import CublasAccumulator
 
     return CublasAccumulator(shape, np.dtype(dtype))
 
 
 def _numba_device(params: dict[str, float]) -> Any:
-    from kernels.device import numba_device
+    from kernels.device.gpu import numba_device
 
     return numba_device()
 
 
 def _emulated_device(params: dict[str, float]) -> Any:
-    from kernels.emulated import DECODE_GBPS
-    from kernels.shared_devices import shared_device
+    from kernels.device.emulated import DECODE_GBPS
+    from kernels.device.shared import shared_device
 
     memory = int(params["memory_bytes"]) if params.get("memory_bytes") else None
     decode = params.get("decode_gbps") or DECODE_GBPS
@@ -118,7 +115,7 @@ def _emulated_accumulator(shape: tuple[int, int], dtype: str, block: Any, upper:
 
 def _probe_cuda() -> bool:
     try:
-        from kernels.cuda_host import cuda_available
+        from kernels.cuda.host import cuda_available
 
         return cuda_available()
     except Exception:  # noqa: BLE001 - any import or driver failure means "no CUDA"
@@ -126,7 +123,7 @@ def _probe_cuda() -> bool:
 
 
 def _probe_cublas() -> bool:
-    from kernels.cublas import cublas_available
+    from kernels.cuda.cublas import cublas_available
 
     return cublas_available()
 
@@ -170,7 +167,7 @@ BACKENDS: dict[str, BackendSpec] = {
             _emulated_accumulator,
             "",
             "",
-            # A modelled device (kernels.emulated): kernels and copies take time, do no math;
+            # A modelled device (kernels.device.emulated): kernels and copies take time, do no math;
             # for measuring how well the host feeds a GPU (tilegemm.emulated.* settings).
             flops_fraction=1.0,
             make_device=_emulated_device,

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.launch import band_rows
+from kernels.panels import band_rows
 
 ROW_MAJOR, NO_TRANS, TRANS, UPPER = 101, 111, 112, 121
 _SYMBOLS = {

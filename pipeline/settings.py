@@ -16,7 +16,7 @@ from typing import Any
 
 import dask
 
-from kernels.emulated import DECODE_GBPS
+from kernels.device.emulated import DECODE_GBPS
 from pipeline.errors import UsageError
 from pipeline.plan.device import DEVICE_CLASSES
 from pipeline.plan.limits import MAX_TASKS

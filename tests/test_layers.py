@@ -19,7 +19,9 @@ HEAVY = ("dask", "distributed", "zarr", "numba", "fsspec", "cupy")
         "pipeline.plan",  # the planner and its specs
         "pipeline.plan.memory",  # the memory model
         "pipeline.plan.units, pipeline.errors",  # sizes and errors
-        "kernels.launch",  # launch math
+        "kernels.cuda.launch, kernels.panels",  # launch math, panel checks
+        "kernels.device.interface, kernels.device.engine",  # the device interface and engine
+        "kernels.inspect.sass",  # machine-code reading
         "kernels.backends",  # the registry: names, dtypes, rules
         "cluster.spec",  # cluster options, pure
         "pipeline",  # the package's face is lazy

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kernels.buffers import group_bytes
+from kernels.device.buffers import group_bytes
 
 DECODE_BYTES_PER_SECOND = 0.6e9
 """Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""

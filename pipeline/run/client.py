@@ -80,7 +80,7 @@ def check_gpu_decode(client: Client, backend: str) -> None:
             "found no GPU on every worker, or a dtype no GPU backend takes); drop --gpu-decode "
             "or ask for --backend cuda"
         )
-    from kernels.device_decode import can_decode_on_device
+    from kernels.device.decode import can_decode_on_device
 
     if get_backend(backend).modelled:
         return

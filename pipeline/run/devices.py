@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from distributed import Client
 
 from kernels.backends import get_backend
-from kernels.device import worker_device_figures
+from kernels.device.calibrate import worker_device_figures
 from pipeline import settings
 from pipeline.plan.device import DEVICE_CLASSES, DeviceModel
 

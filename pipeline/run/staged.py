@@ -3,7 +3,7 @@
 Decode threads read the next panels straight into pinned staging buffers (a bounded pool of
 the worker process) -- with --gpu-decode, zstd chunks are staged compressed and decoded on the
 device instead --, a copy stream moves panel k+1 while the compute stream multiplies panel
-k, and the accumulator stays on the device (kernels.staged). Every task of the worker drives
+k, and the accumulator stays on the device (kernels.device.engine). Every task of the worker drives
 the worker's one device. The last panel goes band by band; each finished band is copied back
 and handed to the caller's writer while the next band computes.
 """
@@ -18,9 +18,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.backends import get_backend
-from kernels.buffers import owned_array, process_pool
-from kernels.device_decode import CompressedPanel
-from kernels.staged import Panel, StagedProduct, StagedStats
+from kernels.device.buffers import owned_array, process_pool
+from kernels.device.decode import CompressedPanel
+from kernels.device.engine import Panel, StagedProduct, StagedStats
 from pipeline.errors import PipelineError
 from pipeline.plan import Tile, row_bands
 from pipeline.plan.device import STAGED_PANELS

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.device_decode import ChunkPiece, CompressedPanel
+from kernels.device.decode import ChunkPiece, CompressedPanel
 from pipeline.store.zstd_frames import declared_size
 
 ALIGN = 16

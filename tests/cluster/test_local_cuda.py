@@ -25,7 +25,7 @@ from pipeline.errors import InputError
 from tests.helpers import assert_product, random_matrix, write_array
 
 pytest.importorskip("dask_cuda")
-pytest.importorskip("kernels.cuda_host")
+pytest.importorskip("kernels.cuda.host")
 
 TILE_TASK_PREFIXES = ("matmul-tile-", "matmul-partial-")
 """Keys of the tasks that run a block product (whole tiles, or split-K groups)."""
@@ -60,7 +60,7 @@ def cuda_client() -> Iterator[Client]:
 def _count_calls(method: str) -> None:
     """Run on each worker: count the calls of ``NumbaDevice.<method>`` (gemm: the staged
     engine's kernel launches; decode_into: panels decoded on the device)."""
-    from kernels.device import NumbaDevice
+    from kernels.device.gpu import NumbaDevice
 
     original = getattr(NumbaDevice, method)
     original = getattr(original, "__wrapped__", original)
@@ -75,7 +75,7 @@ def _count_calls(method: str) -> None:
 
 
 def _calls_counted(method: str) -> int:
-    from kernels.device import NumbaDevice
+    from kernels.device.gpu import NumbaDevice
 
     return int(getattr(getattr(NumbaDevice, method), "calls", 0))
 

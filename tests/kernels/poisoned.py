@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.launch import LaunchConfig
+from kernels.cuda.launch import LaunchConfig
 
 PAD = 2  # NaN border around every operand
 

@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import buffers
-from kernels.buffers import PAGE, BufferPool, host_allocator, numpy_allocator
+from kernels.device import buffers
+from kernels.device.buffers import PAGE, BufferPool, host_allocator, numpy_allocator
 
 ONE_PAGE = ((PAGE // 4,), np.float32)  # a spec of exactly one page
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from kernels import make_accumulator, probe_devices
-from kernels.cublas import CublasAccumulator, CublasUnavailableError, cublas_available
+from kernels.cuda.cublas import CublasAccumulator, CublasUnavailableError, cublas_available
 from pipeline import multiply
 from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.run.client import resolve_backend

@@ -8,8 +8,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from kernels import cuda_host, cuda_tiled
-from kernels.launch import tiled_launch
+from kernels.cuda import host as cuda_host
+from kernels.cuda import tiled as cuda_tiled
+from kernels.cuda.launch import tiled_launch
 from tests.kernels.poisoned import assert_matmul_close, run_poisoned
 
 pytestmark = [

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 import zarr
 
-from kernels import cuda_host
-from kernels.buffers import numpy_allocator
-from kernels.device import NumbaDevice
-from kernels.emulated import EmulatedDevice
-from kernels.staged import Panel, StagedProduct
+from kernels.cuda import host as cuda_host
+from kernels.device.buffers import numpy_allocator
+from kernels.device.emulated import EmulatedDevice
+from kernels.device.engine import Panel, StagedProduct
+from kernels.device.gpu import NumbaDevice
 from pipeline.store.raw_chunks import device_decodable, read_compressed
 
 needs_cuda = pytest.mark.skipif(
@@ -180,7 +180,7 @@ def test_nvcomp_decodes_zarr_zstd_frames(tmp_path: Path) -> None:
 
 
 def pool() -> Any:
-    from kernels.buffers import BufferPool
+    from kernels.device.buffers import BufferPool
 
     return BufferPool(numpy_allocator, 1 << 24)
 

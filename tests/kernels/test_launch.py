@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kernels.launch import (
+from kernels.cuda.launch import (
     MAX_GRID_Y,
     LaunchConfig,
     blocked_launch,

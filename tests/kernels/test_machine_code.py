@@ -17,15 +17,16 @@ from typing import Any
 
 import pytest
 
-from kernels import machine_code as ki
-from kernels import sass
+from kernels.inspect import machine_code as ki
+from kernels.inspect import sass
 
 REPO = Path(__file__).resolve().parents[2]
 
 BAD_KERNELS = """
 import dataclasses, json, sys
 from pathlib import Path
-from kernels import cuda_blocked, machine_code as ki
+from kernels.cuda import blocked as cuda_blocked
+from kernels.inspect import machine_code as ki
 reports = []
 for name, change in [("bad_acc_float64", {"acc_init": "float64"}),
                      ("bad_divmod_index", {"index_math": "divmod"})]:
@@ -65,7 +66,7 @@ def _defaults(reports: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_cli_lists_every_variant(reports: dict[str, Any]) -> None:
-    from kernels.cuda_host import VARIANTS
+    from kernels.cuda.host import VARIANTS
 
     assert set(VARIANTS) <= set(reports)
     for name in VARIANTS:

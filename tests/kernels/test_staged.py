@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from kernels import cuda_host
-from kernels.buffers import PAGE, BufferPool, Lease, numpy_allocator, pinned_allocator
-from kernels.device import NumbaDevice, calibrate
-from kernels.emulated import EmulatedDevice
-from kernels.staged import Panel, StagedProduct
+from kernels.cuda import host as cuda_host
+from kernels.device.buffers import PAGE, BufferPool, Lease, numpy_allocator, pinned_allocator
+from kernels.device.calibrate import calibrate
+from kernels.device.emulated import EmulatedDevice
+from kernels.device.engine import Panel, StagedProduct
+from kernels.device.gpu import NumbaDevice
 
 needs_cuda = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
@@ -234,7 +235,8 @@ def test_overlap_keeps_the_emulated_device_busier() -> None:
 
 def test_engine_modules_import_neither_numba_nor_dask_nor_zarr() -> None:
     code = (
-        "import sys, kernels.buffers, kernels.device, kernels.emulated, kernels.staged; "
+        "import sys, kernels.device.buffers, kernels.device.gpu, kernels.device.calibrate, "
+        "kernels.device.emulated, kernels.device.engine; "
         "print([m for m in ('numba', 'dask', 'zarr') if m in sys.modules])"
     )
     repo = Path(__file__).resolve().parents[2]

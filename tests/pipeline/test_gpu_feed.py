@@ -73,7 +73,7 @@ def test_gpu_decode_leaves_the_host_only_reading(operands: tuple[str, str]) -> N
     """--gpu-decode: every chunk goes compressed over the copy engine and is decoded on the
     device (its time on the compute engine, not counted as busy); the host decodes nothing and
     the plan models no host decode."""
-    from kernels.shared_devices import shared_timelines
+    from kernels.device.shared import shared_timelines
 
     settings = {"tilegemm.emulated.tflops": 50.0, "tilegemm.emulated.h2d-gbps": 25.0}
     with dask.config.set(settings):
@@ -91,7 +91,7 @@ def test_gpu_decode_leaves_the_host_only_reading(operands: tuple[str, str]) -> N
 
 
 def test_kernel_events_are_recorded_in_the_simulator() -> None:
-    from kernels.device import NumbaDevice
+    from kernels.device.gpu import NumbaDevice
 
     device = NumbaDevice()
     device.record_kernels = True

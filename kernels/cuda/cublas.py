@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.backends import GPU_DTYPES
-from kernels.launch import MAX_DIM, band_rows, check_panels
+from kernels.constants import GPU_DTYPES, MAX_DIM
+from kernels.panels import band_rows, check_panels
 
 INSTALL_HINT = "the cublas backend needs CuPy (pip install cupy-cuda13x) and a CUDA GPU"
 DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)

@@ -1,15 +1,9 @@
-"""Launch math and panel checks for the GPU backends: pure functions, no numba import."""
+"""Launch math of the CUDA kernels: grids and blocks as pure functions, no numba import."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-import numpy as np
-from numpy.typing import NDArray
-
-MAX_DIM = 2**31 - 1
-"""Largest m, n or panel width: the fast kernels index with 31-bit masked integers."""
 MAX_GRID_Y = 65535
 """CUDA's limit on gridDim.y (and z); gridDim.x allows 2**31 - 1."""
 
@@ -76,32 +70,3 @@ def blocked_launch(m: int, n: int, block_m: int, block_n: int, threads: int) -> 
     grid = (ceil_div(n, block_n), ceil_div(m, block_m))
     _check_grid(m, n, grid)
     return LaunchConfig(grid=grid, block=(threads, 1))
-
-
-def band_rows(rows: tuple[int, int] | None, total: int) -> tuple[int, int]:
-    """(r0, r1) of an accumulator band: ``rows`` checked against ``total`` rows, or them all."""
-    r0, r1 = rows or (0, total)
-    if not 0 <= r0 <= r1 <= total:
-        raise ValueError(f"rows {r0}:{r1} outside the accumulator's {total} rows")
-    return r0, r1
-
-
-def check_panels(
-    shape: tuple[int, int], dtype: np.dtype[Any], a: NDArray[Any], b: NDArray[Any]
-) -> None:
-    """ValueError/TypeError unless a (m, w) @ b (w, n) of ``dtype`` gives ``shape``."""
-    m, n = shape
-    if a.ndim != 2 or b.ndim != 2:
-        raise ValueError(f"panels must be 2-D, got a.ndim={a.ndim}, b.ndim={b.ndim}")
-    if a.shape[0] != m or b.shape[1] != n or a.shape[1] != b.shape[0]:
-        raise ValueError(
-            f"panel shapes a{a.shape} @ b{b.shape} do not give the accumulator's {shape}; "
-            f"need a ({m}, w) and b (w, {n})"
-        )
-    if a.shape[1] > MAX_DIM:
-        raise ValueError(f"panel width {a.shape[1]} > 2**31 - 1; split K into narrower panels")
-    if a.dtype != dtype or b.dtype != dtype:
-        raise TypeError(
-            f"panels must be {dtype} like the accumulator, got a {a.dtype}, b {b.dtype}; "
-            f"cast with astype(numpy.{dtype.name})"
-        )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from kernels.emulated import DECODE_GBPS, EmulatedDevice, TimelineEntry
+from kernels.device.emulated import DECODE_GBPS, EmulatedDevice, TimelineEntry
 
 _SHARED: dict[tuple[float, float, int | None, float], EmulatedDevice] = {}
 _SHARED_LOCK = threading.Lock()

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends import GPU_DTYPES
+from kernels.constants import GPU_DTYPES
 
 TILE = 16
 """Tile edge in elements (threads per block = TILE**2). Read at call time: tests lower it."""

@@ -16,8 +16,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels import cuda_blocked, cuda_tiled
-from kernels.launch import MAX_DIM, LaunchConfig, band_rows, check_panels, tiled_launch
+from kernels.constants import MAX_DIM
+from kernels.cuda import blocked, tiled
+from kernels.cuda.launch import LaunchConfig, tiled_launch
+from kernels.panels import band_rows, check_panels
 
 
 @dataclass(frozen=True)
@@ -43,18 +45,18 @@ def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
         name=f"tiled_{dt.name}",
         dtype=dt,
         # Read TILE at call time so tests can lower it for the simulator.
-        make_kernel=lambda: cuda_tiled.make_tiled_kernel(dt),
-        launch=lambda m, n: tiled_launch(m, n, cuda_tiled.TILE),
+        make_kernel=lambda: tiled.make_tiled_kernel(dt),
+        launch=lambda m, n: tiled_launch(m, n, tiled.TILE),
         default=default,
     )
 
 
-def _blocked_variant(spec: cuda_blocked.BlockedSpec, default: bool) -> KernelVariant:
+def _blocked_variant(spec: blocked.BlockedSpec, default: bool) -> KernelVariant:
     return KernelVariant(
         name=f"blocked_{spec.dtype}",
         dtype=np.dtype(spec.dtype),
-        make_kernel=lambda: cuda_blocked.make_blocked_kernel(spec),
-        launch=lambda m, n: cuda_blocked.launch_for(spec, m, n),
+        make_kernel=lambda: blocked.make_blocked_kernel(spec),
+        launch=lambda m, n: blocked.launch_for(spec, m, n),
         default=default,
         launch_bounds=spec.launch_bounds,
     )
@@ -65,15 +67,15 @@ VARIANTS: dict[str, KernelVariant] = {
     for v in (
         _tiled_variant(np.float32, default=False),
         _tiled_variant(np.float64, default=False),
-        _blocked_variant(cuda_blocked.F32_SPEC, default=True),
-        _blocked_variant(cuda_blocked.F64_SPEC, default=True),
+        _blocked_variant(blocked.F32_SPEC, default=True),
+        _blocked_variant(blocked.F64_SPEC, default=True),
     )
 }
 
 
 def default_variant(dtype: np.dtype | type) -> KernelVariant:
     """The variant flagged default for this dtype (TypeError for non-float dtypes)."""
-    dt = cuda_tiled.check_float_dtype(dtype)
+    dt = tiled.check_float_dtype(dtype)
     (variant,) = (v for v in VARIANTS.values() if v.dtype == dt and v.default)
     return variant
 
@@ -145,7 +147,7 @@ class CudaAccumulator:
     def __init__(self, shape: tuple[int, int], dtype: np.dtype, variant: str | None = None) -> None:
         from numba import cuda
 
-        self.dtype = cuda_tiled.check_float_dtype(dtype)
+        self.dtype = tiled.check_float_dtype(dtype)
         m, n = (int(s) for s in shape)
         if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
             raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")

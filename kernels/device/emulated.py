@@ -1,4 +1,4 @@
-"""An emulated GPU: the device interface of ``kernels.device`` with modelled time and no math.
+"""An emulated GPU: the device interface (kernels.device.interface), modelled time, no math.
 
 It answers "how well does the host feed a GPU?" on a machine without one. Like a GPU with
 separate copy engines, it has three hardware units, each a thread: one compute engine and one
@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from kernels.buffers import Allocator, lazy_host_allocator
-from kernels.device import Stream
-from kernels.device_decode import CompressedPanel
-from kernels.launch import band_rows, check_panels
+from kernels.device.buffers import Allocator, lazy_host_allocator
+from kernels.device.decode import CompressedPanel
+from kernels.device.interface import Stream
+from kernels.panels import band_rows, check_panels
 
 ENGINES = ("compute", "h2d", "d2h")
 DECODE_GBPS = 50.0

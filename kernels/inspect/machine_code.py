@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels.sass import analyse, check_targets
+from kernels.inspect.sass import analyse, check_targets
 
 # --- compiling (needs numba-cuda and the CUDA wheels, no GPU) ----------------------------------
 
@@ -95,7 +95,7 @@ def inspect_kernel(
 
 def inspect_variants(cc: tuple[int, int], ptx_dir: Path) -> list[dict[str, Any]]:
     """Reports for every registered CUDA variant."""
-    from kernels.cuda_host import VARIANTS
+    from kernels.cuda.host import VARIANTS
 
     ptx_dir.mkdir(parents=True, exist_ok=True)
     return [

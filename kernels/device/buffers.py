@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from kernels.allocators import (  # noqa: F401 - the pool's allocators, re-exported
+from kernels.device.allocators import (  # noqa: F401 - the pool's allocators, re-exported
     PAGE,
     Allocator,
     advise_huge_pages,

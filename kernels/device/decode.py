@@ -53,7 +53,7 @@ class CompressedPanel:
 def can_decode_on_device() -> bool:
     """Runs on a worker: in the simulator (numcodecs stands in), or where nvCOMP's Python
     package imports (it needs a GPU only to decode)."""
-    from kernels.cuda_host import simulated
+    from kernels.cuda.host import simulated
 
     if simulated():
         return True
@@ -75,7 +75,7 @@ def decode_on_device(
     call waits for the copy in (and what the stream queued before it)."""
     from numba import cuda
 
-    from kernels.cuda_host import launch_lock, simulated
+    from kernels.cuda.host import launch_lock, simulated
 
     if not panel.pieces:
         return None

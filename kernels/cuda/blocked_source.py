@@ -1,13 +1,10 @@
 """The register-blocked kernel's Python source, generated from a BlockedSpec (see
-kernels.cuda_blocked for the design): Numba has no unroll pragma, so the unrolled K step, the
+kernels.cuda.blocked for the design): Numba has no unroll pragma, so the unrolled K step, the
 prefetch and the epilogue are written out here."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from kernels.cuda_blocked import BlockedSpec
+from kernels.cuda.blocked_spec import BlockedSpec
 
 
 class _Index:

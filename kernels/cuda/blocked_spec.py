@@ -1,29 +1,14 @@
-"""Register-blocked CUDA kernels (the cuda backend's defaults): source generated at import.
-
-Each block computes a BLOCK_M x BLOCK_N tile of C += A @ B; each thread keeps 2 x 2 fragments of
-FRAG x FRAG outputs in registers, so one shared-memory load feeds many FMAs. The A tile is stored
-transposed (k-major) with a padded pitch, so a thread's FRAG rows of A and FRAG columns of B are
-each contiguous, aligned runs: 128-bit shared loads. Shared memory is double-buffered and the next
-K tile is prefetched into registers while the current one is multiplied, so one barrier per tile
-suffices. Numba has no unroll pragma and NVVM leaves a BK loop rolled, hence generated source.
-
-Index math uses `>>` and `&`: Numba's signed `//` and `%` add floor/negative-index fixups that
-hide the alignment from the vectorizer (no 128-bit loads). `index_math="divmod"` and
-`acc_init="float64"` exist only to build the deliberately bad kernels the gate test must reject.
-"""
+"""The tile shape of a register-blocked kernel (kernels.cuda.blocked): a frozen spec that the
+source generator and the launch math both read."""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
-from kernels.cuda_blocked_source import generate_source
-from kernels.cuda_tiled import check_float_dtype
-from kernels.launch import LaunchConfig, blocked_launch
+from kernels.cuda.tiled import check_float_dtype
 
 
 @dataclass(frozen=True)
@@ -96,27 +81,3 @@ class BlockedSpec:
 F32_SPEC = BlockedSpec("float32", block_m=128, block_n=128, block_k=8, threads=256, min_blocks=2)
 # 8 x 8 doubles per thread (128 accumulator registers) on 64 threads: 8 DFMA per 128-bit load.
 F64_SPEC = BlockedSpec("float64", block_m=64, block_n=64, block_k=8, threads=64)
-
-
-def launch_for(spec: BlockedSpec, m: int, n: int) -> LaunchConfig:
-    return blocked_launch(m, n, spec.block_m, spec.block_n, spec.threads)
-
-
-def make_blocked_kernel(spec: BlockedSpec) -> Callable[..., None]:
-    """Plain Python kernel `kernel(a, b, c)` doing c += a @ b, built from generated source."""
-    return _make_blocked_kernel(spec)
-
-
-@functools.cache
-def _make_blocked_kernel(spec: BlockedSpec) -> Callable[..., None]:
-    import numba
-    import numba.cuda
-
-    # The kernel must see `cuda` as a global: the simulator swaps it in the function's globals.
-    namespace: dict[str, Any] = {"cuda": numba.cuda, "elem": getattr(numba, spec.dtype)}
-    name = f"blocked_matmul_{spec.dtype}"
-    source = generate_source(spec, name)
-    exec(compile(source, f"<{name}>", "exec"), namespace)
-    kernel: Callable[..., None] = namespace[name]
-    kernel.__source__ = source  # type: ignore[attr-defined]
-    return kernel

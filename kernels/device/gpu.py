@@ -1,0 +1,111 @@
+"""The real device: the current CUDA GPU through numba-cuda (or its simulator), with the cuda
+backend's default kernel variant. numba is imported lazily."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+from numpy.typing import DTypeLike, NDArray
+
+from kernels.device.allocators import Allocator, pinned_allocator
+from kernels.device.decode import CompressedPanel, decode_on_device
+from kernels.device.interface import DeviceArray, Event, Stream
+from kernels.panels import band_rows, check_panels
+
+
+class NumbaDevice:
+    """The current CUDA device through numba-cuda (or the simulator), with the cuda backend's
+    default kernel variant, so results are bitwise those of ``CudaAccumulator``.
+
+    Safe to share among threads: each engine uses its own streams; the simulator, which keeps
+    its kernel state in a module global, gets the accumulator's lock around launches.
+    """
+
+    name = "cuda"
+
+    def __init__(self, variant: str | None = None) -> None:
+        self.variant_name = variant
+        self.record_kernels = False
+        """Time every kernel with a pair of CUDA events (make bench-gpu)."""
+        self.kernel_events: list[tuple[Any, Any]] = []
+        self.allocator: Allocator = pinned_allocator
+
+    def stream(self) -> Stream:
+        from numba import cuda
+
+        stream: Stream = cuda.stream()
+        return stream
+
+    def event(self) -> Event:
+        from numba import cuda
+
+        from kernels.cuda.host import simulated
+
+        # Timing off makes synchronizing cheaper; the simulator's event takes no arguments.
+        make: Any = cuda.event
+        event: Event = make() if simulated() else make(timing=False)
+        return event
+
+    def empty(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceArray:
+        from numba import cuda
+
+        return cuda.device_array(shape, dtype=np.dtype(dtype))
+
+    def zeros(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceArray:
+        from numba import cuda
+
+        return cuda.to_device(np.zeros(shape, dtype=np.dtype(dtype)))
+
+    def copy_to_device(self, host: NDArray[Any], dev: DeviceArray, stream: Stream) -> None:
+        if host.size:
+            dev.copy_to_device(host, stream=stream)
+
+    def copy_to_host(self, dev: DeviceArray, host: NDArray[Any], stream: Stream) -> None:
+        if host.size:
+            dev.copy_to_host(host, stream=stream)
+
+    def gemm(
+        self,
+        acc: DeviceArray,
+        a: DeviceArray,
+        b: DeviceArray,
+        stream: Stream,
+        rows: tuple[int, int] | None = None,
+    ) -> None:
+        from kernels.cuda.host import launch_product, select_variant
+
+        r0, r1 = band_rows(rows, acc.shape[0])
+        c = acc[r0:r1]
+        variant = select_variant(self.variant_name, np.dtype(acc.dtype))
+        check_panels(c.shape, variant.dtype, a, b)
+        if not self.record_kernels:
+            launch_product(variant, a, b, c, stream)
+            return
+        from numba import cuda
+
+        from kernels.cuda.host import simulated
+
+        timed: dict[str, bool] = {} if simulated() else {"timing": True}  # the simulator's
+        start, end = cuda.event(**timed), cuda.event(**timed)  # event takes no arguments
+        start.record(stream)
+        launch_product(variant, a, b, c, stream)
+        end.record(stream)
+        self.kernel_events.append((start, end))
+
+    def decode_into(
+        self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
+    ) -> object:
+        return decode_on_device(staged, panel, dev, stream)
+
+    def kernel_seconds(self) -> float:
+        """Device time of the kernels launched while ``record_kernels`` was on (CUDA events;
+        call after the work has finished)."""
+        return sum(max(s.elapsed_time(e), 0.0) for s, e in self.kernel_events) / 1000
+
+
+@functools.cache
+def numba_device() -> NumbaDevice:
+    """This process's CUDA device, shared by its task threads."""
+    return NumbaDevice()
