@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -10,13 +9,14 @@ from pathlib import Path
 import numpy as np
 import zarr
 
+from tests.child_env import child_env
 from tests.helpers import assert_product, random_matrix, write_array
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    environ = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    environ = child_env(env)
     return subprocess.run(
         [sys.executable, "-m", "pipeline", *args],
         capture_output=True,

@@ -22,7 +22,8 @@ from distributed import Client
 
 from pipeline.cli import build_parser, dashboard_address, main, parse_args
 from pipeline.report import report_context
-from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
+from tests.child_env import child_env
+from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 POSIX = pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs Linux /proc")
 
@@ -166,7 +167,7 @@ def start_job(jobs: list[subprocess.Popen[str]], *args: str) -> tuple[subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env=child_env(),
         start_new_session=True,
     )
     jobs.append(process)

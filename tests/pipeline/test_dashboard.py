@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import os
 import re
 import signal
 import socket
@@ -19,6 +18,7 @@ import psutil
 import pytest
 from dask.utils import key_split
 
+from tests.child_env import child_env
 from tests.helpers import run_cli, write_array
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env=child_env(),
     )
     status, running = 0, False
     prefixes: set[str] = set()

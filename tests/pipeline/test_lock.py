@@ -22,7 +22,8 @@ from distributed import Client
 from pipeline import multiply
 from pipeline.errors import JobError, UnsafeOutputError
 from pipeline.store import lock
-from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
+from tests.child_env import child_env
+from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 HOLD = textwrap.dedent(
     """
@@ -56,7 +57,7 @@ def inputs(tmp_path: Path) -> tuple[str, str, np.ndarray, np.ndarray]:
 
 def holder(out: Path, seconds: float) -> subprocess.Popen[str]:
     """A process of its own that takes OUT's lock with the tool's code and keeps it."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     argv = [sys.executable, "-c", HOLD, str(out), str(seconds)]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None and proc.stdout.readline().startswith("holding")
@@ -124,7 +125,7 @@ def test_processes_racing_for_one_lock_leave_one_winner(tmp_path: Path) -> None:
     """Many rounds of four processes started together: never two holders at once."""
     out = tmp_path / "c.zarr"
     out.mkdir()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = child_env()
     for _ in range(12):
         procs = [
             subprocess.Popen(
@@ -160,7 +161,7 @@ def test_cli_jobs_racing_into_one_new_out(tmp_path: Path) -> None:
         argv = [
             [u, urls[2], str(out), "--no-progress", "--dashboard-address", ":0"] for u in urls[:2]
         ]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = child_env()
         procs = [
             subprocess.Popen([sys.executable, "-m", "pipeline", "multiply", *x], env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
