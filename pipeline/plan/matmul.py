@@ -143,6 +143,9 @@ class MatmulPlan:
         a_times = min(cols, workers) if a_fits else cols
         a_bytes = m * k * np.dtype(self.a.dtype).itemsize
         b_bytes = k * n * np.dtype(self.b.dtype).itemsize
+        if self.symmetric:  # B's blocks are X's, in the same cache: all of X once per worker
+            # when it fits; else each column's diagonal tile reads one block for both operands
+            return a_times * a_bytes if a_fits else (a_times + b_times - 1) * a_bytes
         return a_times * a_bytes + b_times * b_bytes
 
     @property
