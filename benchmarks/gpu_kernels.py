@@ -1,7 +1,7 @@
 """Our Numba CUDA kernels against cuBLAS on one GPU, in one run: TFLOP/s and ratio to cuBLAS.
 
-It needs a CUDA GPU, numba-cuda and CuPy (pip install cupy-cuda13x): it cannot run on CPU-only
-machines, nor under the Numba CUDA simulator (its timings would mean nothing).
+It needs a CUDA GPU, numba-cuda and CuPy with cuBLAS (pip install "cupy-cuda13x[ctk]"): it cannot
+run on CPU-only machines, nor under the Numba CUDA simulator (its timings would mean nothing).
 
 Every contender computes the same C += A @ B on device-resident square inputs: each variant in
 kernels.cuda.host.VARIANTS of the dtype, and cuBLAS gemm with beta=1 through CuPy (what the
@@ -109,14 +109,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def require_gpu() -> tuple[Any, Any]:
     """(cupy, numba.cuda) on a machine with a real GPU, else GpuUnavailableError."""
-    from kernels.cuda.cublas import CublasUnavailableError, load_cupy
+    from kernels.cuda.cublas import CUPY_INSTALL, CublasUnavailableError, load_cupy
 
     needs = "this benchmark needs a CUDA GPU and CuPy and cannot run on CPU-only machines"
     try:
         cupy = load_cupy()
     except CublasUnavailableError as e:
         raise GpuUnavailableError(
-            f"{needs}: {e.reason}; run it on a GPU host with `pip install cupy-cuda13x`"
+            f"{needs}: {e.reason}; run it on a GPU host with `{CUPY_INSTALL}`"
         ) from e
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         raise GpuUnavailableError(

@@ -154,7 +154,7 @@ BACKENDS: dict[str, BackendSpec] = {
             CPU_GEMM_BLOCK,
             _probe_cublas,
             _cublas_accumulator,
-            "CuPy (pip install cupy-cuda13x) and a CUDA GPU",
+            'CuPy with cuBLAS (pip install "cupy-cuda13x[ctk]") and a CUDA GPU',
             "install CuPy there, or use --backend cuda, cpu or auto",
             flops_fraction=0.92,  # vendor figure: SGEMM ≈ 47 of 51 TFLOP/s on an H100 PCIe
         ),

@@ -16,12 +16,14 @@ from numpy.typing import NDArray
 from kernels.constants import GPU_DTYPES, MAX_DIM
 from kernels.panels import band_rows, check_panels
 
-INSTALL_HINT = "the cublas backend needs CuPy (pip install cupy-cuda13x) and a CUDA GPU"
+CUPY_INSTALL = 'pip install "cupy-cuda13x[ctk]"'
+"""CuPy 14 ships no cuBLAS: the ``ctk`` extra brings the CUDA libraries (cuBLAS among them)."""
+INSTALL_HINT = f"the cublas backend needs CuPy with cuBLAS ({CUPY_INSTALL}) and a CUDA GPU"
 DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)
 
 
 class CublasUnavailableError(RuntimeError):
-    """CuPy is not installed, or it sees no CUDA GPU. ``reason`` says which."""
+    """CuPy is not installed, has no cuBLAS, or sees no CUDA GPU. ``reason`` says which."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"{INSTALL_HINT}; {reason}")
@@ -32,9 +34,15 @@ def load_cupy() -> Any:
     """The cupy module (with cupy.cublas loaded) on a machine with a GPU, else the error."""
     try:
         import cupy
-        from cupy import cublas  # noqa: F401 - binds cupy.cublas, whose gemm add() calls
     except Exception as e:  # noqa: BLE001 - ImportError, or a broken CUDA library at import
         raise CublasUnavailableError(f"importing CuPy failed ({type(e).__name__}: {e})") from e
+    try:
+        from cupy import cublas  # noqa: F401 - binds cupy.cublas, whose gemm add() calls
+    except Exception as e:  # noqa: BLE001 - CuPy raises ImportError when it finds no libcublas
+        raise CublasUnavailableError(
+            f"CuPy imports but finds no cuBLAS ({type(e).__name__}: {e}); plain cupy-cuda13x "
+            "ships none: add the [ctk] extra, or pip install nvidia-cublas"
+        ) from e
     if _device_count(cupy) < 1:
         raise CublasUnavailableError("CuPy is installed but sees no CUDA GPU")
     return cupy

@@ -12,13 +12,19 @@ import numpy as np
 import pytest
 
 from kernels import make_accumulator, probe_devices
-from kernels.cuda.cublas import CublasAccumulator, CublasUnavailableError, cublas_available
+from kernels.cuda.cublas import (
+    CUPY_INSTALL,
+    CublasAccumulator,
+    CublasUnavailableError,
+    cublas_available,
+    load_cupy,
+)
 from pipeline import multiply
 from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.run.client import resolve_backend
-from tests.helpers import assert_product, random_matrix, run_cli, write_array
+from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
 
-FIX = r"needs CuPy \(pip install cupy-cuda13x\) and a CUDA GPU"
+FIX = r"needs CuPy with cuBLAS \(pip install \"cupy-cuda13x\[ctk\]\"\) and a CUDA GPU"
 
 no_cublas = pytest.mark.skipif(cublas_available(), reason="CuPy and a GPU are present here")
 
@@ -90,8 +96,25 @@ def test_cli_cublas_without_cupy_exits_2_with_the_fix(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     (line,) = error_lines(done.stderr)
-    assert "pip install cupy-cuda13x" in line and "1 of 1 worker(s)" in line
+    assert CUPY_INSTALL in line and "1 of 1 worker(s)" in line
     assert "Traceback" not in done.stderr
+
+
+def test_cupy_without_cublas_is_unavailable_and_names_the_ctk_extra(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # CuPy 14.2 from plain `pip install cupy-cuda13x`: `import cupy` works, `cupy.cublas` not.
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    with pytest.raises(CublasUnavailableError, match=r"finds no cuBLAS .*\[ctk\]") as caught:
+        load_cupy()
+    assert CUPY_INSTALL in str(caught.value)
+    assert cublas_available() is False
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/cluster.md"])
+def test_the_documented_install_is_the_one_the_errors_name(doc: str) -> None:
+    assert CUPY_INSTALL.removeprefix("pip install ") in (REPO / doc).read_text()
+    assert "`pip install cupy-cuda13x`" not in (REPO / doc).read_text()
 
 
 # A numpy stand-in for the few CuPy calls the accumulator makes. "Device" arrays are numpy
@@ -193,7 +216,10 @@ def test_fake_cupy_refuses_bad_panels(fake_cupy: FakeCupy) -> None:
 @pytest.mark.parametrize(("m", "n", "widths"), [(129, 257, [63, 130, 1]), (1000, 37, [513])])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_cublas_on_a_gpu(m: int, n: int, widths: list[int], dtype: str) -> None:
-    pytest.importorskip("cupy", reason="CuPy is not installed (pip install cupy-cuda13x)")
+    try:
+        load_cupy()
+    except CublasUnavailableError as e:  # no CuPy, no cuBLAS in it, or no GPU: say which
+        pytest.skip(e.reason)
     rng = np.random.default_rng(7)
     a, b = random_matrix(rng, (m, sum(widths)), dtype), random_matrix(rng, (sum(widths), n), dtype)
     acc = CublasAccumulator((m, n), dtype)
