@@ -34,7 +34,7 @@ def calibrate(
     stream = device.stream()
     host = device.allocator(copy_bytes).reshape(1, copy_bytes)
     dev = device.empty((1, copy_bytes), np.uint8)
-    a, b, acc = (device.zeros((n, n), dtype) for _ in range(3))
+    a, b, acc = (device.zeros((n, n), dtype, stream) for _ in range(3))
     gemm = _best(lambda: device.gemm(acc, a, b, stream), stream, repeats)
     h2d = _best(lambda: device.copy_to_device(host, dev, stream), stream, repeats)
     d2h = _best(lambda: device.copy_to_host(dev, host, stream), stream, repeats)

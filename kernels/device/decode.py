@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.cuda.launch import MAX_GRID_Y
+
 CODEC = "zstd"
 """The one stored codec decoded on the device: zarr's zstd chunks are plain zstd frames (LZ4
 in numcodecs carries a header of its own, Blosc is a container)."""
@@ -90,7 +92,7 @@ def decode_on_device(
         i, j = piece.at
         part, into = chunk[r0:r1, c0:c1], dest[i : i + r1 - r0, j : j + c1 - c0]
         with launch_lock():
-            _place_kernel()[_grid(part.shape), (16, 16), stream](part, into)
+            _place_kernel()[place_grid(part.shape), (16, 16), stream](part, into)
     return chunks
 
 
@@ -134,16 +136,20 @@ def _stream_handle(stream: Any) -> int:
     return int(value or 0)
 
 
-def _grid(shape: tuple[int, int]) -> tuple[int, int]:
-    """Blocks of 16 x 16 threads: x along columns, so a warp reads along a row."""
-    return max((shape[1] + 15) // 16, 1), max((shape[0] + 15) // 16, 1)
+def place_grid(shape: tuple[int, int], max_y: int = MAX_GRID_Y) -> tuple[int, int]:
+    """Blocks of 16 x 16 threads: x along columns, so a warp reads along a row; y at most
+    CUDA's gridDim.y limit, the kernel striding over the rows beyond it."""
+    return max((shape[1] + 15) // 16, 1), min(max((shape[0] + 15) // 16, 1), max_y)
 
 
 _PLACE = """
 def place(src, dest):
     j, i = cuda.grid(2)
-    if i < src.shape[0] and j < src.shape[1]:
-        dest[i, j] = src[i, j]  # numba casts as numpy's astype does
+    step = cuda.gridDim.y * cuda.blockDim.y
+    if j < src.shape[1]:
+        while i < src.shape[0]:
+            dest[i, j] = src[i, j]  # numba casts as numpy's astype does
+            i += step
 """
 
 

@@ -107,8 +107,9 @@ class StagedProduct:
         self.device, self.pool = device, pool
         self.shape, self.dtype = (int(shape[0]), int(shape[1])), np.dtype(dtype)
         self.decode_threads, self.depth, self.serialize = decode_threads, depth, serialize
-        self.acc = device.zeros(self.shape, self.dtype)
         self.streams = _Streams(device.stream(), device.stream(), device.stream())
+        # Zeroed on the compute stream, so every gemm is ordered after it.
+        self.acc = device.zeros(self.shape, self.dtype, self.streams.compute)
 
     def run(
         self,

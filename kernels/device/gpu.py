@@ -53,10 +53,14 @@ class NumbaDevice:
 
         return cuda.device_array(shape, dtype=np.dtype(dtype))
 
-    def zeros(self, shape: tuple[int, int], dtype: DTypeLike) -> DeviceArray:
+    def zeros(self, shape: tuple[int, int], dtype: DTypeLike, stream: Stream) -> DeviceArray:
         from numba import cuda
+        from numba.cuda.cudadrv import driver
 
-        return cuda.to_device(np.zeros(shape, dtype=np.dtype(dtype)))
+        dev = cuda.device_array(shape, dtype=np.dtype(dtype))
+        if dev.nbytes:  # zeroed by the device, queued on ``stream``: no host array, no copy
+            driver.device_memset(dev, 0, dev.nbytes, stream)
+        return dev
 
     def copy_to_device(self, host: NDArray[Any], dev: DeviceArray, stream: Stream) -> None:
         if host.size:

@@ -210,3 +210,41 @@ def test_prepare_refuses_inputs_with_no_zstd_frames(
     with caplog.at_level("WARNING", logger="pipeline"):
         prepare(z, zb, str(tmp_path / "c.zarr"), backend="emulated", gpu_decode=True)
     assert "B has chunks that are not plain zstd frames" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("shape", "grid"),
+    [
+        ((37, 29), (2, 3)),  # ragged: whole blocks cover it
+        ((0, 0), (1, 1)),  # an empty part still gets one block
+        ((16 * 65535, 8), (1, 65535)),  # the tallest chunk one pass covers
+        ((16 * 65535 + 1, 8), (1, 65535)),  # taller: capped, the kernel strides
+        ((10**8, 3), (1, 65535)),
+    ],
+)
+def test_place_grid_never_exceeds_cuda_grid_y(
+    shape: tuple[int, int], grid: tuple[int, int]
+) -> None:
+    from kernels.device.decode import place_grid
+
+    assert place_grid(shape) == grid
+
+
+@needs_cuda
+@tiny_grid
+@pytest.mark.parametrize("dtypes", [("float32", "float32"), ("int16", "float64")])
+def test_place_strides_over_rows_beyond_the_grid(dtypes: tuple[str, str]) -> None:
+    """Two block rows (32 rows) place a 70-row chunk: every row lands, cast like astype."""
+    from numba import cuda
+
+    from kernels.device.decode import _place_kernel, place_grid
+
+    src = np.arange(70 * 5).reshape(70, 5).astype(dtypes[0])
+    dest = cuda.to_device(np.full((72, 6), -1, dtypes[1]))
+    grid = place_grid(src.shape, max_y=2)
+    assert grid == (1, 2)
+    with cuda_host.launch_lock():
+        _place_kernel()[grid, (16, 16)](cuda.to_device(src), dest[1:71, :5])
+    out = dest.copy_to_host()
+    np.testing.assert_array_equal(out[1:71, :5], src.astype(dtypes[1]))
+    assert (out[0] == -1).all() and (out[71] == -1).all() and (out[:, 5] == -1).all()
