@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from kernels.constants import MAX_DIM
 from kernels.cuda import blocked, tiled
 from kernels.cuda.launch import LaunchConfig, tiled_launch
+from kernels.cuda.toolkit import check_link
 from kernels.panels import band_rows, check_panels
 
 
@@ -110,6 +111,8 @@ def launch_lock() -> contextlib.AbstractContextManager[Any]:
 def jit_kernel(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
     from numba import config, cuda
 
+    if not config.ENABLE_CUDASIM:
+        check_link()  # once per kernel and process: a clear error instead of a failed launch
     if launch_bounds is None or config.ENABLE_CUDASIM:  # the simulator's jit has no bounds
         return cuda.jit(kernel)
     return cuda.jit(kernel, launch_bounds=launch_bounds)
