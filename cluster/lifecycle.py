@@ -21,7 +21,12 @@ from cluster.security import (
     dashboard_origins,
     refuse_foreign_hosts,
 )
-from cluster.spec import ClusterSpec, local_cluster_options, split_dashboard_address
+from cluster.spec import (
+    WORKER_MEMORY,
+    ClusterSpec,
+    local_cluster_options,
+    split_dashboard_address,
+)
 from cluster.tuning import keep_freed_memory, nanny_environ, worker_config
 
 log = logging.getLogger("pipeline")
@@ -65,22 +70,12 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
-        with dask.config.set({**nanny_environ(), **worker_config()}):
+        with dask.config.set({**WORKER_MEMORY, **nanny_environ(), **worker_config()}):
             cluster = LocalCUDACluster(**options)
     else:
         from distributed import LocalCluster
 
-        # The plan keeps memory within the limit; distributed's pause (at 80 % of the limit,
-        # measured on the whole process, scheduler and client included) would only stall it.
-        with dask.config.set(
-            {
-                "distributed.worker.memory.pause": False,
-                "distributed.worker.memory.spill": False,
-                "distributed.worker.memory.target": False,
-                **nanny_environ(),
-                **worker_config(),
-            }
-        ):
+        with dask.config.set({**WORKER_MEMORY, **nanny_environ(), **worker_config()}):
             cluster = LocalCluster(**options)
     attach_dashboard(cluster, split_dashboard_address(options["dashboard_address"])[0])
     # The client takes the cluster's TLS credentials (cluster.security) with the cluster.

@@ -55,6 +55,17 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+WORKER_MEMORY = {
+    "distributed.worker.memory.pause": False,
+    "distributed.worker.memory.spill": False,
+    "distributed.worker.memory.target": False,
+}
+"""dask config of the workers we start, CPU and GPU alike. The plan keeps host memory (pinned
+staging included, which counts in a GPU worker's RSS) within the limit; distributed's pause (at
+80 % of it, measured on the whole process) and spilling would only stall the job. The nanny's
+terminate (95 %) stays: the last guard against a plan that is wrong."""
+
+
 def local_cluster_options(
     spec: ClusterSpec, gpus: int, cpus: int, memory_limit_bytes: int | None = None
 ) -> tuple[str, dict[str, Any]]:
@@ -83,6 +94,10 @@ def local_cluster_options(
             **tls,
             "n_workers": workers,
             "threads_per_worker": spec.threads_per_worker or 1,
+            # Our tasks size device memory themselves (tiles, panels, staging): no dask-cuda
+            # spilling store between them and the GPU, and no device LRU limit.
+            "data": dict,
+            "device_memory_limit": 0,
         }
     workers = spec.workers or 1
     threads = spec.threads_per_worker or max(cpus // workers, 1)

@@ -44,13 +44,8 @@ def cuda_client() -> Iterator[Client]:
         spec = ClusterSpec(workers=2, dashboard_address="127.0.0.1:0")
         kind, options = local_cluster_options(spec, gpus=2, cpus=2, memory_limit_bytes=2 * 2**30)
         assert kind == "cuda"
-        cluster = LocalCUDACluster(
-            CUDA_VISIBLE_DEVICES="0,1",
-            device_memory_limit=0,
-            worker_class=MockWorker,
-            data=dict,
-            **options,
-        )
+        assert options["data"] is dict and options["device_memory_limit"] == 0
+        cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", worker_class=MockWorker, **options)
     with cluster, Client(cluster) as client:
         client.wait_for_workers(2, timeout=60)
         assert client.scheduler.address.startswith("tls://127.0.0.1:")
@@ -189,3 +184,36 @@ def test_cuda_backend_accumulates_into_a_sharded_c(
     assert result.backend == "cuda"
     want = -(a.astype(np.float64) @ b.astype(np.float64)) + 3 * c0
     np.testing.assert_allclose(zarr.open_array(c_url, mode="r")[:], want, rtol=1e-5, atol=1e-4)
+
+
+def _memory_settings(dask_worker: Any) -> tuple[Any, Any, Any, str]:
+    manager = dask_worker.memory_manager
+    return (
+        manager.memory_pause_fraction,
+        manager.memory_spill_fraction,
+        manager.memory_target_fraction,
+        type(dask_worker.data).__name__,
+    )
+
+
+def test_the_gpu_cluster_we_start_neither_pauses_nor_spills(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """cluster.start's LocalCUDACluster (two mock GPUs): no pause, no spill, a plain dict
+    store instead of dask-cuda's spilling one, like the CPU cluster."""
+    import dask_cuda
+    from dask_cuda.utils_test import MockWorker
+
+    from cluster import lifecycle, start
+
+    real = dask_cuda.LocalCUDACluster
+    mock = functools.partial(real, CUDA_VISIBLE_DEVICES="0,1", worker_class=MockWorker)
+    monkeypatch.setattr(dask_cuda, "LocalCUDACluster", mock)
+    monkeypatch.setattr(lifecycle, "count_gpus", lambda: 2)
+    spec = ClusterSpec(workers=2, dashboard_address="127.0.0.1:0")
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Cannot get CPU affinity", UserWarning)
+        with start(spec, 2**30) as client:
+            client.wait_for_workers(2, timeout=60)
+            settings = set(client.run(_memory_settings).values())
+    assert settings == {(False, False, False, "dict")}
