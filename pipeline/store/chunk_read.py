@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import zarr
 from numpy.typing import NDArray
 
 from pipeline.store.chunk_sizes import DECODERS, decode_exact
@@ -46,6 +47,8 @@ def layout(array: Any) -> Layout | None:
     """The array's chunk layout when this path can read it, else None (zarr's path)."""
     from zarr.codecs import BytesCodec
 
+    if not isinstance(array, zarr.Array):
+        return None  # a view that computes its values (verify's Undone, Transposed): its own path
     dtype = np.dtype(array.dtype)
     if array.ndim != 2 or getattr(array, "shards", None) is not None or dtype.byteorder == ">":
         return None
@@ -148,4 +151,3 @@ def _stored(array: Any, indices: list[tuple[int, int]]) -> list[NDArray[np.uint8
         except FileNotFoundError:
             found.append(None)
     return found
-
