@@ -90,17 +90,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+KERNEL_TIMERS = {
+    "cuda": ("kernels.device.gpu", "start_kernel_timing", "kernel_seconds_so_far"),
+    "emulated": ("kernels.device.shared", "reset_shared", "gemm_seconds"),
+}
+"""Per backend: the module and the two functions each worker runs to time its own kernels."""
+
+
 def real(a: str, b: str, out: str | None) -> int:
     """On a GPU machine: the same path on the cuda backend, the device's busy time from CUDA
     events around every kernel, beside the model's prediction (make bench-gpu)."""
-    from kernels.device.gpu import numba_device
-
-    device = numba_device()
-    device.record_kernels, device.kernel_events = True, []
-    result, window = timed_job(a, b, out, "cuda")
-    length = window[1] - window[0]
-    busy = device.kernel_seconds() / length
-    plan = result.plan
+    measured = measure_busy(a, b, out, "cuda")
+    length, busy, plan = measured["window"], measured["busy"], measured["plan"]
     print(f"{'':<10}{'window s':>10}{'TFLOP/s':>10}{'busy':>8}  bound by")
     print(f"{'measured':<10}{length:>10.2f}{plan.flops / length / 1e12:>10.2f}{busy:>8.2f}")
     print(
@@ -109,6 +110,32 @@ def real(a: str, b: str, out: str | None) -> int:
     )
     print(f"GPU device: busy {busy:.2f} of the execution window {length:.2f} s (measured)")
     return 0
+
+
+def measure_busy(a: str, b: str, out: str | None, backend: str, workers: int = 1) -> dict[str, Any]:
+    """One job; each worker times its own kernels (the job runs in the workers' processes, a
+    LocalCUDACluster's always): busy = their kernel seconds / (workers x window)."""
+    import importlib
+
+    module, start, read = KERNEL_TIMERS[backend]
+    timers = importlib.import_module(module)
+
+    def before(client: Any) -> None:
+        client.run(getattr(timers, start))
+
+    def after(client: Any) -> float:
+        return float(sum(client.run(getattr(timers, read)).values()))
+
+    result, window, kernel_seconds = timed_job(
+        a, b, out, backend, workers=workers, before=before, after=after
+    )
+    length = window[1] - window[0]
+    return {
+        "window": length,
+        "kernel_seconds": kernel_seconds,
+        "busy": kernel_seconds / (workers * length),
+        "plan": result.plan,
+    }
 
 
 def zarr_read_seconds(a: str, b: str) -> float:
@@ -128,16 +155,23 @@ def run(a: str, b: str, out: str | None = None, gpu_decode: bool = False) -> dic
     from kernels.device.shared import reset_shared, shared_timelines
 
     reset_shared()
-    result, window = timed_job(a, b, out, "emulated", gpu_decode)
+    result, window, _ = timed_job(a, b, out, "emulated", gpu_decode)
     (timeline,) = shared_timelines()
     return summarize(result, timeline, window)
 
 
 def timed_job(
-    a: str, b: str, out: str | None, backend: str, gpu_decode: bool = False
-) -> tuple[Any, tuple[float, float]]:
-    """(result, execution window in perf_counter seconds) of one multiply on an in-process
-    cluster, OUT in a temporary folder unless given."""
+    a: str,
+    b: str,
+    out: str | None,
+    backend: str,
+    gpu_decode: bool = False,
+    workers: int = 1,
+    before: Any = None,
+    after: Any = None,
+) -> tuple[Any, tuple[float, float], Any]:
+    """(result, execution window in perf_counter seconds, ``after(client)``) of one multiply on
+    a local cluster, OUT in a temporary folder unless given; ``before(client)`` runs first."""
     from distributed import get_task_stream
 
     from cluster import ClusterSpec, start
@@ -147,14 +181,18 @@ def timed_job(
     target = out or str(Path(str(scratch)) / "c.zarr")
     try:
         job = prepare(a, b, target, backend=backend, overwrite=True, gpu_decode=gpu_decode)
-        with start(ClusterSpec(workers=1, dashboard_address=":0")) as client:
-            offset = time.time() - time.perf_counter()  # one process: the two clocks agree
+        with start(ClusterSpec(workers=workers, dashboard_address=":0")) as client:
+            if before:
+                before(client)
+            # The window's length is what counts: the clocks' offset cancels out.
+            offset = time.time() - time.perf_counter()
             with get_task_stream(client) as stream:
                 result = job.execute(client)
+            measured = after(client) if after else None
     finally:
         if scratch:
             shutil.rmtree(scratch, ignore_errors=True)
-    return result, _window(stream.data, offset)
+    return result, _window(stream.data, offset), measured
 
 
 def _window(tasks: list[dict[str, Any]], offset: float) -> tuple[float, float]:

@@ -113,3 +113,15 @@ class NumbaDevice:
 def numba_device() -> NumbaDevice:
     """This process's CUDA device, shared by its task threads."""
     return NumbaDevice()
+
+
+def start_kernel_timing() -> None:
+    """Runs on a worker (``client.run``): time every kernel of this process's device from now
+    on; the jobs run there, not in the client."""
+    device = numba_device()
+    device.kernel_events, device.record_kernels = [], True
+
+
+def kernel_seconds_so_far() -> float:
+    """Runs on a worker: device seconds of the kernels timed since ``start_kernel_timing``."""
+    return numba_device().kernel_seconds()

@@ -35,6 +35,11 @@ def shared_timelines() -> list[list[TimelineEntry]]:
         return [list(device.timeline) for device in _SHARED.values()]
 
 
+def gemm_seconds() -> float:
+    """Modelled seconds of every gemm on this process's shared devices (a worker's kernel time)."""
+    return sum(e.end - e.start for t in shared_timelines() for e in t if e.name == "gemm")
+
+
 def reset_shared() -> None:
     """Close and forget this process's shared devices (a fresh timeline for the next job)."""
     with _SHARED_LOCK:

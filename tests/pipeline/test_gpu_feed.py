@@ -96,11 +96,22 @@ def test_kernel_events_are_recorded_in_the_simulator() -> None:
     device = NumbaDevice()
     device.record_kernels = True
     s = device.stream()
-    acc = device.zeros((4, 4), np.float32)
-    a, b = device.zeros((4, 3), np.float32), device.zeros((3, 4), np.float32)
+    acc = device.zeros((4, 4), np.float32, s)
+    a, b = device.zeros((4, 3), np.float32, s), device.zeros((3, 4), np.float32, s)
     device.gemm(acc, a, b, s)
     s.synchronize()
     assert len(device.kernel_events) == 1 and device.kernel_seconds() >= 0.0
+
+
+def test_worker_processes_kernel_time_reaches_the_report(operands: tuple[str, str]) -> None:
+    """--real's measurement when the job runs in worker processes (as in a LocalCUDACluster's),
+    on the emulated device: each worker's own kernel time is read there, so busy is not 0."""
+    tflops = 2 * N**3 / 0.3 / 1e12  # 0.3 s of kernels in all
+    with dask.config.set({"tilegemm.emulated.tflops": tflops, "tilegemm.emulated.h2d-gbps": 5.0}):
+        measured = gpu_feed.measure_busy(*operands, None, "emulated", workers=2)
+    assert measured["kernel_seconds"] == pytest.approx(0.3, rel=1e-3)
+    assert 0.0 < measured["busy"] <= 1.0
+    assert measured["busy"] == pytest.approx(0.3 / (2 * measured["window"]), rel=1e-6)
 
 
 @pytest.mark.gpu
@@ -110,6 +121,7 @@ def test_real_gpu_feed_prints_measured_and_model(
     assert gpu_feed.main([*operands, "--real"]) == 0
     out = capsys.readouterr().out
     assert "measured" in out and "model" in out and out.strip().endswith("s (measured)")
+    assert "busy 0.00 " not in out  # the workers' kernel time reached the report
 
 
 def test_narrow_panels_leave_room_for_the_band_buffers(tmp_path: Path) -> None:
