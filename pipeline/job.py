@@ -90,7 +90,7 @@ class MatmulJob:
         chosen = backend or planning_backend(self.options.backend)
         live = describe_workers(client)
         if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
-            live["device"] = calibrated_device(client)
+            live["device"] = calibrated_device(client, self.plan.compute_dtype)
         plan = plan_for(
             self.a, self.b, self.options, self.state, live, chosen,
             transposed=self.store.transposed, symmetric=self.store.symmetric,

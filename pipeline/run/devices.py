@@ -3,6 +3,7 @@ device's configured figures, or a named device class's defaults."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -53,17 +54,32 @@ def emulated_params() -> dict[str, float]:
     }
 
 
-def calibrated_device(client: Client) -> DeviceModel | None:
-    """The workers' GPU as measured there (the slowest and smallest of them), or None where
-    there is no real GPU (the simulator's rates mean nothing)."""
-    figures = [f for f in client.run(worker_device_figures).values() if f]
+async def _figures_off_the_loop(dtype: str) -> dict[str, Any] | None:
+    """On a worker: its figures computed in a thread, so compiling and calibrating (seconds,
+    once per process and dtype) never stall the worker's event loop and heartbeats."""
+    return await asyncio.to_thread(worker_device_figures, dtype)
+
+
+def calibrated_device(client: Client, dtype: str = "float32") -> DeviceModel | None:
+    """The workers' GPU (the slowest and smallest of them) for a ``dtype`` job: the figures
+    saved by `doctor` for that GPU, driver and kernels, else measured there once and saved;
+    None where there is no real GPU (the simulator's rates mean nothing). A rate not measured
+    (the other dtype) follows the device class's float64/float32 ratio."""
+    figures = [f for f in client.run(_figures_off_the_loop, dtype).values() if f]
     if not figures:
         return None
+    ratio = DEVICE_CLASSES[settings.get("device-class")]
+    f64_per_f32 = ratio.float64_flops / ratio.float32_flops
+    rates = {
+        "float32": [f.get("float32_flops") or f["float64_flops"] / f64_per_f32 for f in figures],
+        "float64": [f.get("float64_flops") or f["float32_flops"] * f64_per_f32 for f in figures],
+    }
+    sources = sorted({str(f.get("source", "calibrated")) for f in figures})
     return DeviceModel(
         name=str(figures[0]["name"]),
         memory_bytes=int(min(f["memory_bytes"] for f in figures)),
-        float32_flops=min(f["float32_flops"] for f in figures),
-        float64_flops=min(f["float64_flops"] for f in figures),
+        float32_flops=min(rates["float32"]),
+        float64_flops=min(rates["float64"]),
         h2d_bytes_per_second=min(f["h2d_bytes_per_second"] for f in figures),
-        source="calibrated",
+        source=" and ".join(sources),
     )
