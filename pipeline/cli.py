@@ -41,6 +41,7 @@ INTERRUPTED = {
     "gram": "the tiles written so far are kept: rerun the same command with --resume to finish G",
     "verify": "nothing was changed: rerun the same command to check C",
     "random": "OUT is incomplete: rerun the same command with --overwrite",
+    "doctor": "nothing was changed: rerun the same command",
 }
 """After ``error: interrupted;``: what a Ctrl-C left behind and what to do, per command."""
 
@@ -48,7 +49,7 @@ INTERRUPTED = {
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parse_args(parser, argv)
-    if args.command != "random":
+    if args.command not in ("random", "doctor"):
         # distributed sets its loggers' levels when imported: import it first so ours stick.
         import distributed  # noqa: F401
     logging.basicConfig(
@@ -242,11 +243,18 @@ def run_random(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_doctor(args: argparse.Namespace) -> int:
+    from pipeline.doctor import run_doctor as doctor
+
+    return doctor(args.json, args.require_gpu)
+
+
 COMMANDS = {
     "multiply": run_multiply,
     "gram": run_gram,
     "verify": run_verify,
     "random": run_random,
+    "doctor": run_doctor,
 }
 
 

@@ -68,6 +68,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="no progress line (blocks checked, bytes read, ETA)",
     )
 
+    doc = sub.add_parser(
+        "doctor", help="what works here (CPU, driver, toolkit, GPUs), what does not, and the fix",
+        parents=[common],
+    )  # fmt: skip
+    doc.add_argument("--json", action="store_true", help="a JSON list of the checks")
+    doc.add_argument(
+        "--require-gpu", action="store_true", help="exit 1 unless a GPU passes every check"
+    )
+    doc.set_defaults(storage_option=[], storage_options_file=None)
+
     rnd = sub.add_parser(
         "random", help="write a random matrix as a Zarr v3 array", parents=[common]
     )
