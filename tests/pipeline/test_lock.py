@@ -217,3 +217,70 @@ def test_unwritable_out_location_is_exit_2_before_any_cluster(tmp_path: Path) ->
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("error: OUT") and "cannot be created" in done.stderr
     assert "started" not in done.stderr, "refused before a cluster started"
+
+
+RACE = textwrap.dedent(
+    """
+    import sys, time
+    from tests.pipeline import racy_fs
+    from pipeline.store import lock
+    racy_fs.register()
+    time.sleep(max(0.0, float(sys.argv[2]) - time.time()))  # all start at one instant
+    try:
+        held = lock.acquire(sys.argv[1], {})
+    except Exception as e:
+        print("refused", type(e).__name__, flush=True)
+        sys.exit(3)
+    print("holding", flush=True)
+    time.sleep(1.0)
+    held.release()
+    """
+)
+
+
+def test_jobs_racing_on_a_store_without_conditional_writes(tmp_path: Path) -> None:
+    """Three processes take one OUT's lock at the same instant on a store whose 'create' checks,
+    then writes (tests/pipeline/racy_fs.py): all three pass the check and write, so only the
+    token read back tells them apart; exactly one may hold the lock."""
+    env = child_env()
+    for round_ in range(3):
+        out = tmp_path / f"c{round_}.zarr"
+        out.mkdir()
+        start = str(time.time() + 2.0)  # past every interpreter's start-up
+        procs = [
+            subprocess.Popen([sys.executable, "-c", RACE, f"racy://{out}", start],
+                             stdout=subprocess.PIPE, text=True, env=env)
+            for _ in range(3)
+        ]  # fmt: skip
+        said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+        assert said == ["holding", "refused UnsafeOutputError", "refused UnsafeOutputError"], said
+        assert not (out / "lock.json").exists(), "the winner released it"
+
+
+@pytest.mark.parametrize(
+    ("started_offset", "taken_over"),
+    [
+        (0.0, False),  # the live process that wrote the lock: it holds it
+        (-3600.0, True),  # its pid now belongs to a process started later: the holder is gone
+    ],
+)
+def test_object_store_lock_tells_a_reused_pid_from_its_holder(
+    tmp_path: Path, started_offset: float, taken_over: bool
+) -> None:
+    """On a store without flock the lock names its holder by pid and start time: a live
+    process with the holder's pid that started at another time is not the holder."""
+    from tests.pipeline import racy_fs
+
+    racy_fs.register()
+    out = tmp_path / "c.zarr"
+    out.mkdir()
+    me = psutil.Process()
+    write_lock(out, me.pid, socket.gethostname(), me.create_time() + started_offset)
+    if not taken_over:
+        with pytest.raises(UnsafeOutputError, match=rf"another job \(pid {me.pid} on"):
+            lock.acquire(f"racy://{out}", {})
+        return
+    held = lock.acquire(f"racy://{out}", {})
+    assert json.loads((out / "lock.json").read_text())["token"] == held.token
+    held.release()
+    assert not (out / "lock.json").exists()
