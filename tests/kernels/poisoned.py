@@ -14,14 +14,27 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.cuda.launch import LaunchConfig
+from tests.helpers import product_error_bound
 
 PAD = 2  # NaN border around every operand
 
 
-def assert_matmul_close(got: NDArray[Any], want: NDArray[np.float64], k: int) -> None:
-    """Compare to a float64 reference with a tolerance that grows with the K length."""
-    eps = float(np.finfo(got.dtype).eps)
-    np.testing.assert_allclose(got, want, rtol=8 * eps, atol=8 * eps * max(k, 1) * 4)
+def assert_matmul_close(
+    got: NDArray[Any],
+    a: NDArray[Any],
+    b: NDArray[Any],
+    c0: NDArray[Any] | None = None,
+    precision: str | None = None,
+) -> None:
+    """got == c0 + a @ b within tests/helpers.py's product_error_bound (in ``precision``, by
+    default got's dtype's), plus one rounding of the final add into c0."""
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    bound = product_error_bound(a, b, got.dtype, precision)
+    if c0 is not None:
+        want = want + c0
+        bound = bound + float(np.finfo(got.dtype).eps) * (np.abs(c0) + np.abs(want))
+    error = np.abs(got.astype(np.float64) - want)
+    assert got.shape == want.shape and (error <= bound).all(), (error - bound).max()
 
 
 def run_poisoned(
@@ -43,8 +56,7 @@ def run_poisoned(
     inner = (slice(PAD, -PAD), slice(PAD, -PAD))
     cuda.jit(kernel)[cfg.grid, cfg.block](d_a[inner], d_b[inner], d_c[inner])
     out = d_c.copy_to_host()
-    want = c[inner].astype(np.float64) + a[inner].astype(np.float64) @ b[inner]
-    assert_matmul_close(out[inner], want, k)
+    assert_matmul_close(out[inner], a[inner], b[inner], c[inner])
     border = np.ones(out.shape, dtype=bool)
     border[inner] = False
     assert np.isnan(out[border]).all(), "kernel wrote outside C"

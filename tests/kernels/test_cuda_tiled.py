@@ -82,15 +82,17 @@ def test_accumulator_streams_panels(
     dtype = cuda_host.VARIANTS[variant].dtype
     rng = np.random.default_rng(len(widths))
     acc = cuda_host.CudaAccumulator((m, n), dtype, variant=variant)
-    want = np.zeros((m, n))
-    for w in widths:
-        a = rng.standard_normal((m, w)).astype(dtype)
-        b = rng.standard_normal((w, n)).astype(dtype)
+    panels = [
+        (rng.standard_normal((m, w)).astype(dtype), rng.standard_normal((w, n)).astype(dtype))
+        for w in widths
+    ]
+    for a, b in panels:
         acc.add(a, b)
-        want += a.astype(np.float64) @ b
     got = acc.result()
     assert got.dtype == dtype and got.shape == (m, n) and got.flags.c_contiguous
-    assert_matmul_close(got, want, sum(widths))
+    # The panels' products summed are the product of the panels side by side.
+    a_all, b_all = np.hstack([a for a, _ in panels]), np.vstack([b for _, b in panels])
+    assert_matmul_close(got, a_all, b_all)
 
 
 @pytest.mark.parametrize("shape", [(0, 4), (4, 0), (0, 0)])
