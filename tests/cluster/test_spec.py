@@ -74,7 +74,7 @@ def test_memory_limit_passthrough(limit: int | None, gpus: int, want: Any) -> No
 @pytest.mark.parametrize(
     ("dashboard", "bound"),
     [
-        # the default
+        # the CLI's default (test_the_cli_default_dashboard_is_loopback_8787 ties the two)
         ("127.0.0.1:8787", "127.0.0.1:8787"),
         # a random free port, as tests pass
         ("127.0.0.1:0", "127.0.0.1:0"),
@@ -148,3 +148,16 @@ def test_a_joined_cluster_takes_any_dashboard_host() -> None:
     ClusterSpec(scheduler="tcp://10.0.0.1:8786", dashboard_address="0.0.0.0:8787")
     with pytest.raises(UsageError, match="is not HOST:PORT"):
         ClusterSpec(scheduler="tcp://10.0.0.1:8786", dashboard_address="nonsense")
+
+
+@pytest.mark.parametrize("command", ["multiply", "gram"])
+def test_the_cli_default_dashboard_is_loopback_8787(command: str) -> None:
+    """What a local cluster binds when the user names no --dashboard-address: the CLI's
+    default, through the spec, not a literal of the test's own."""
+    from pipeline.cli_parser import build_parser, parse_args
+
+    operands = ["x.zarr", "g.zarr"] if command == "gram" else ["a.zarr", "b.zarr", "c.zarr"]
+    args = parse_args(build_parser(), [command, *operands])
+    assert args.dashboard_address == ClusterSpec().dashboard_address
+    _, options = local_cluster_options(ClusterSpec(dashboard_address=args.dashboard_address), 0, 4)
+    assert options["dashboard_address"] == "127.0.0.1:8787"

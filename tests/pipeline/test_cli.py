@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -86,9 +87,27 @@ def test_dry_run_prints_the_plan(tmp_path: Path) -> None:
         "multiply", a_url, b_url, str(tmp_path / "c.zarr"), "--dry-run", "--memory-limit", "2GiB"
     )
     assert done.returncode == 0, done.stderr
-    for word in ("tiles", "K panels", "memory per task", "flops", "lower bound"):
-        assert word in done.stdout
+    out = done.stdout
+    assert re.search(r"^product +37x29 @ 29x41 -> 37x41 float32", out, re.M), out
+    assert re.search(rf"^flops +{re.escape(f'{2 * 37 * 41 * 29:.3e}')}$", out, re.M), out
+    # The tile grid covers C exactly once; the K panels cover K.
+    tiles, rows, cols, tm, tn = _numbers(out, r"tiles +(\d+) \((\d+)x(\d+)\) of (\d+)x(\d+)")
+    assert tiles == rows * cols and (rows, cols) == (-(-37 // tm), -(-41 // tn)), out
+    panels, narrow, wide = _numbers(out, r"K panels +(\d+) per tile, width (\d+)-(\d+)")
+    assert panels * narrow <= 29 <= panels * wide, out
+    # Reads: every input element at least once (float32), the lower bound no less than that.
+    reads, bound, compulsory = _numbers(
+        out, r"planned reads +([\d.]+) KiB = .* bound ([\d.]+) KiB \(compulsory ([\d.]+) KiB"
+    )
+    assert compulsory == round((37 * 29 + 29 * 41) * 4 / 1024, 1), out
+    assert reads >= compulsory and bound >= compulsory, out
     assert not (tmp_path / "c.zarr").exists()
+
+
+def _numbers(text: str, pattern: str) -> list[float]:
+    found = re.search(pattern, text, re.M)
+    assert found, (pattern, text)
+    return [float(x) for x in found.groups()]
 
 
 def test_random_is_reproducible(tmp_path: Path) -> None:

@@ -69,7 +69,13 @@ def test_cpu_plans_are_unchanged_by_the_device_model() -> None:
     a = ArraySpec((8192, 8192), (2048, 2048), "float32")
     plan = plan_matmul(a, a, workers=1, threads_per_worker=2, memory_limit_bytes=8 * GiB)
     assert plan.device is None and plan.resource_seconds == ()
-    assert plan.bound_by in ("product", "decode")
+    # 1.1e12 flops over 0.5 GB of input: the multiply; 1.1e9 flops over the same: the decode.
+    assert plan.bound_by == "product"
+    skinny = plan_matmul(
+        ArraySpec((8, 8192), (8, 2048), "float32"), a, workers=1, threads_per_worker=2,
+        memory_limit_bytes=8 * GiB,
+    )  # fmt: skip
+    assert skinny.bound_by == "decode"
 
 
 def test_dry_run_prints_device_memory_and_bound_by(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -39,21 +40,43 @@ def test_a_job_reports_where_its_time_went(tmp_path: Path, client: Client) -> No
     rng = np.random.default_rng(3)
     a = write_array(tmp_path / "a.zarr", random_matrix(rng, (400, 600), "float64"), (100, 150))
     b = write_array(tmp_path / "b.zarr", random_matrix(rng, (600, 300), "float64"), (150, 100))
-    result = multiply(a, b, str(tmp_path / "c.zarr"), client=client)
+    with get_task_stream(client) as stream:
+        result = multiply(a, b, str(tmp_path / "c.zarr"), client=client)
     assert set(result.phases) == set(PHASES)
     assert result.phases["product"] > 0 and result.phases["decode"] > 0
     assert result.phases["write"] > 0
     assert result.usage["user_seconds"] > 0 and result.usage["page_faults"] > 0
+    # Phases are thread-seconds of the job's tasks: at most each task's run time for each
+    # thread it runs (its own and its decode threads); a unit slip or a double count exceeds it.
+    busy = sum(
+        s["stop"] - s["start"]
+        for t in stream.data
+        if str(t["key"]).startswith("matmul-")
+        for s in t["startstops"]
+        if s["action"] == "compute"
+    )
+    assert 0 < sum(result.phases.values()) <= busy * (1 + result.plan.decode_threads), busy
 
 
 def test_cli_prints_the_accounting(tmp_path: Path) -> None:
     rng = np.random.default_rng(4)
     a = write_array(tmp_path / "a.zarr", random_matrix(rng, (64, 48), "float32"), (32, 48))
     b = write_array(tmp_path / "b.zarr", random_matrix(rng, (48, 40), "float32"), (48, 40))
-    done = run_cli("multiply", a, b, str(tmp_path / "c.zarr"), "--dashboard-address", ":0")
+    done = run_cli(
+        "multiply", a, b, str(tmp_path / "c.zarr"), "--dashboard-address", ":0",
+        "--workers", "1", "--threads-per-worker", "1",
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("time:")]
-    assert "product" in line and "system" in line and "page faults" in line
+    phases = re.search(", ".join(rf"{p} ([\d.]+)" for p in PHASES), line)
+    usage = re.search(r"user ([\d.]+) s, system ([\d.]+) s, (\d+) page faults", line)
+    wall = re.search(r"^done: .* in ([\d.]+) s", done.stdout, re.M)
+    assert phases and usage and wall, done.stdout
+    # One worker thread and its decode thread: the thread-seconds fit in twice the wall time
+    # (x4 for rounding to 0.01 s and the decode pool), a millisecond slip would not.
+    thread_seconds = sum(float(x) for x in phases.groups())
+    assert 0 < thread_seconds <= 4 * float(wall.group(1)) + 0.06, line
+    assert float(usage.group(1)) > 0 and int(usage.group(3)) > 0, line
 
 
 def test_report_carries_the_accounting(tmp_path: Path) -> None:

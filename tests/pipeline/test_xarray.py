@@ -75,6 +75,7 @@ def test_out_in_a_nested_group(tmp_path: Path, client: Client) -> None:
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
         back = xr.open_zarr(store, group="results").load()
     assert back["C"].dims == ("x", "z")
+    assert_product(back["C"].values, ds["A"].values, ds["B"].values)
 
 
 def test_plain_zarr_inputs_get_default_names(tmp_path: Path, client: Client) -> None:
@@ -88,6 +89,7 @@ def test_plain_zarr_inputs_get_default_names(tmp_path: Path, client: Client) -> 
         client=client,
     )
     assert zarr.open_array(out).metadata.dimension_names == ("i", "j")
+    assert_product(zarr.open_array(out)[:], a, b)
 
 
 @pytest.mark.parametrize(
