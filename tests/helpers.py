@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +33,44 @@ def run_cli(
     module: str = "pipeline",
     env: dict[str, str | None] | None = None,
     timeout: float = 120,
+    prefix: tuple[str, ...] = (),
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` from this checkout; ``env`` changes the environment (None
-    unsets a variable)."""
+    """``python -m module args`` from this checkout, after the command ``prefix`` (e.g.
+    ``file_modes_bind()``); ``env`` changes the environment (None unsets a variable)."""
     environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
     )
     return subprocess.run(
-        [sys.executable, "-m", module, *args],
+        [*prefix, sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         env=environ,
         timeout=timeout,
         check=False,
     )
+
+
+ROOT_WITHOUT_DAC = ("setpriv", "--bounding-set", "-dac_override,-dac_read_search")
+"""Root's processes keep every capability but the two that bypass file modes."""
+
+
+@functools.cache
+def file_modes_bind() -> tuple[str, ...] | None:
+    """A command prefix under which a file's permission bits bind the child: none for a user
+    other than root; for root, ROOT_WITHOUT_DAC (dropped from the bounding set, so the child's
+    workers lack them too); None where that does not work here (no setpriv, no CAP_SETPCAP)."""
+    if os.geteuid() != 0:
+        return ()
+    with tempfile.TemporaryDirectory() as folder:
+        probe = Path(folder) / "unreadable"
+        probe.write_text("x")
+        probe.chmod(0)
+        try:
+            done = subprocess.run([*ROOT_WITHOUT_DAC, "cat", str(probe)], capture_output=True)
+        except OSError:
+            return None
+    return ROOT_WITHOUT_DAC if done.returncode != 0 and b"denied" in done.stderr else None
 
 
 def write_array(
