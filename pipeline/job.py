@@ -39,7 +39,7 @@ from pipeline.run.client import (
 from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive import warn_if_exposed
-from pipeline.store import accumulate, resume
+from pipeline.store import accumulate, journal, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
@@ -116,9 +116,10 @@ class MatmulJob:
             spec = self._task_spec(plan, backend)
             at_start = resume.listings(self.store)
             skip = self._start_output(plan, spec.fingerprint, state, at_start)
+            resumed = self._written_rows(plan, spec.fingerprint, skip) if opts.resume else {}
             before = worker_usage(c)
             try:
-                futures = submit_plan(c, plan, spec, skip)
+                futures = submit_plan(c, plan, spec, skip, resumed)
                 run = collect(c, futures, plan, opts.progress, spec.run_id)
             finally:
                 release_panels(c, spec.run_id)
@@ -131,6 +132,7 @@ class MatmulJob:
                     accumulate.remove(self.output)  # the originals are no longer needed
             else:
                 self.output.mark(spec.fingerprint, complete=True)
+                journal.forget_bands(self.output.url, self.output.storage_options)
                 verified = self._verify(c, spec.fingerprint) if opts.verify else None
             self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
@@ -223,6 +225,22 @@ class MatmulJob:
             zarr_format=self.options.output.zarr_format,
         )  # fmt: skip
         return set()
+
+    def _written_rows(
+        self, plan: MatmulPlan, fp: str, skip: set[tuple[int, int]]
+    ) -> dict[tuple[int, int], tuple[int, int]]:
+        """--resume: the tiles in flight when the last run stopped, and how far each got."""
+        journal_url = (
+            accumulate.sidecar(self.output) if self.options.accumulate else self.output
+        ).url
+        found = journal.written_rows(
+            journal_url, self.output.url, self.output.storage_options, plan, fp, skip
+        )
+        if found:
+            starts = {t.index: t.rows[0] for t in plan.tiles()}
+            rows = sum(first - starts[i] for i, (first, _) in found.items())
+            log.info("resume: %d tile(s) in flight keep %d written row(s)", len(found), rows)
+        return found
 
     def _finish_accumulation(self, client: Client) -> bool:
         """Verify α·A·B + β·C_old against C while the originals are still kept; on a failure

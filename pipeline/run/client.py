@@ -108,9 +108,14 @@ def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute
 
 
 def submit_plan(
-    client: Client, plan: MatmulPlan, spec: TaskSpec, skip: set[tuple[int, int]]
+    client: Client,
+    plan: MatmulPlan,
+    spec: TaskSpec,
+    skip: set[tuple[int, int]],
+    resume: dict[tuple[int, int], tuple[int, int]] | None = None,
 ) -> dict[tuple[int, int], Future[Any]]:
-    """Submit every unfinished tile; returns one future per tile, resolving to TileStats."""
+    """Submit every unfinished tile; returns one future per tile, resolving to TileStats.
+    ``resume``: tiles that wrote some bands (see journal.written_rows) compute the rest."""
     run = uuid.uuid4().hex[:8]  # fresh keys: never reuse a result from an earlier run
     groups = plan.k_groups()
     futures = {}
@@ -122,8 +127,9 @@ def submit_plan(
         submit = functools.partial(client.submit, priority=-order)
         if plan.split_k == 1:
             futures[tile.index] = submit(
-                worker.tile_product_write, spec, tile, groups[0], key=f"matmul-tile-{token}"
-            )
+                worker.tile_product_write, spec, tile, groups[0], (resume or {}).get(tile.index),
+                key=f"matmul-tile-{token}",
+            )  # fmt: skip
             continue
         partials = [
             submit(worker.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")

@@ -63,27 +63,50 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
 
 
 def tile_product_write(
-    spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
+    spec: TaskSpec,
+    tile: Tile,
+    panels: tuple[tuple[int, int], ...],
+    resume: tuple[int, int] | None = None,
 ) -> TileStats:
     """The unsplit case: product and write in one task, so the tile never leaves the worker;
-    the last panel goes band by band and each finished band is written in a thread."""
+    the last panel goes band by band and each finished band is written in a thread, then
+    journaled. ``resume`` (the first row not written, the crc32 of the rows before it): a
+    resumed tile computes only its unwritten rows."""
     start = time.perf_counter()
     out = spec.output.writable(spec.fingerprint)
     clock = PhaseTimes()
-    crc = [0]  # chained over the bands in row order: the whole tile's crc32
-    old = accumulate.original(spec, tile)  # saved before the first write of C
+    old = accumulate.original(spec, tile)  # moved aside before the first write of C
+    first, chain = resume or (tile.rows[0], 0)
+    todo = Tile(tile.index, (first, tile.rows[1]), tile.cols)  # the rows still to write
+    offset = first - tile.rows[0]
+    crc = [chain]  # chained over the bands in row order: the whole tile's crc32
+    journaled = not spec.store.symmetric  # a Gram band writes its mirror too: tiles only
+
+    failed: list[BaseException] = []
 
     def write(band: tuple[int, int], partial: NDArray[Any]) -> None:
+        if failed:  # rows stay in order: nothing after a band that failed
+            raise failed[0]
+        try:
+            _write(band, partial)
+        except BaseException as e:
+            failed.append(e)
+            raise
+
+    def _write(band: tuple[int, int], partial: NDArray[Any]) -> None:
         with clock.measure("write"):
-            prior = None if old is None else old[band[0] : band[1]]
+            prior = None if old is None else old[offset + band[0] : offset + band[1]]
             data = accumulate.combine(spec, partial, prior)
             if spec.store.symmetric:  # the band and its mirror (pipeline.store.mirror)
                 crc[0] = mirror.write_band(out, tile, band, data, crc[0])
                 return
+            rows = (first + band[0], first + band[1])
             if data.size:
-                rows = (tile.rows[0] + band[0], tile.rows[0] + band[1])
                 out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
             crc[0] = zlib.crc32(data.data, crc[0])
+            if journaled and rows[1] < tile.rows[1]:  # the last band: the tile's entry
+                entry = {"fingerprint": spec.fingerprint, "chain": crc[0]}
+                spec.journal.journal_band(tile.index, rows, entry)
 
     # One writer thread: bands are written (and their crc chained) in row order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:
@@ -96,10 +119,10 @@ def tile_product_write(
             written.append(writer.submit(write, band, partial))
 
         if spec.staged:
-            bytes_read = staged.product_bands(spec, tile, panels, clock, finished)
+            bytes_read = staged.product_bands(spec, todo, panels, clock, finished)
         else:
-            acc = _accumulator(spec, tile)
-            bytes_read = _multiply(spec, tile, panels, acc, clock, finished)
+            acc = _accumulator(spec, todo)
+            bytes_read = _multiply(spec, todo, panels, acc, clock, finished)
         with clock.measure("wait"):
             for future in written:
                 future.result()  # a failed write raises here

@@ -1,4 +1,5 @@
-"""The per-tile journal inside OUT, read back by --resume."""
+"""The journal inside OUT, read back by --resume: an entry per written tile, and one per
+written band of a tile still in flight (so a resumed tile computes only its unwritten rows)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,11 @@ JOURNAL_DIR = "journal"
 def entry_name(index: tuple[int, int]) -> str:
     """Where a tile's entry lives inside OUT."""
     return f"{JOURNAL_DIR}/tile-{index[0]}-{index[1]}.json"
+
+
+def band_entry_name(index: tuple[int, int], start: int) -> str:
+    """Where the entry of a tile's band starting at row ``start`` (of OUT) lives inside OUT."""
+    return f"{JOURNAL_DIR}/band-{index[0]}-{index[1]}-{start}.json"
 
 
 def finished_tiles(
@@ -49,11 +55,49 @@ def journaled(
     done: set[tuple[int, int]] = set()
     for entry in list_json(journal_url, JOURNAL_DIR, storage_options):
         tile = tiles.get(tuple(entry.get("index", ())))
-        if tile is None or entry.get("fingerprint") != fp:
+        if tile is None or entry.get("fingerprint") != fp or "rows" in entry:
             continue
         if _checksum(out, plan, tile) == entry.get("checksum"):
             done.add(tile.index)
     return done
+
+
+def written_rows(
+    journal_url: str,
+    data_url: str,
+    storage_options: dict[str, Any],
+    plan: MatmulPlan,
+    fp: str,
+    skip: set[tuple[int, int]],
+) -> dict[tuple[int, int], tuple[int, int]]:
+    """For tiles not in ``skip`` that wrote some bands: (the first row still to write, the
+    crc32 chained over the tile's rows before it). Only an unbroken run of bands from the
+    tile's first row counts, each checked against the bytes in the array at ``data_url``.
+    Gram and split-K tiles write whole (no band entries)."""
+    bands: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for band in list_json(journal_url, JOURNAL_DIR, storage_options):
+        rows, index = band.get("rows"), tuple(band.get("index", ()))
+        if band.get("fingerprint") == fp and isinstance(rows, list) and index not in skip:
+            bands.setdefault(index, {})[rows[0]] = band
+    if not bands:
+        return {}
+    out = zarr.open_array(
+        data_url, mode="r", storage_options=fsspec_options(data_url, storage_options)
+    )
+    found = {}
+    for tile in plan.tiles():
+        row, chain = tile.rows[0], 0
+        while (entry := bands.get(tile.index, {}).get(row)) is not None:
+            end = entry["rows"][1]
+            if not row < end <= tile.rows[1]:
+                break
+            data = np.ascontiguousarray(out[row:end, slice(*tile.cols)], dtype=plan.out.dtype)
+            if zlib.crc32(data.data, chain) != entry.get("chain"):
+                break
+            row, chain = end, entry["chain"]
+        if row > tile.rows[0]:
+            found[tile.index] = (row, chain)
+    return found
 
 
 def _checksum(out: Any, plan: MatmulPlan, tile: Tile) -> int | None:
@@ -84,11 +128,24 @@ def stale_tiles(
 
 
 def forget(url: str, storage_options: dict[str, Any], tiles: set[tuple[int, int]]) -> None:
-    """Remove the journal entries of ``tiles`` (their bytes are no longer to be trusted)."""
+    """Remove the journal entries of ``tiles``, their bands' too (their bytes are no longer to
+    be trusted)."""
     fs, path = url_to_fs(url, storage_options)
+    root = path.rstrip("/")
     for index in tiles:
+        names = [f"{root}/{entry_name(index)}"]
+        names += fs.glob(f"{root}/{JOURNAL_DIR}/band-{index[0]}-{index[1]}-*.json")
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                fs.rm_file(name)
+
+
+def forget_bands(url: str, storage_options: dict[str, Any]) -> None:
+    """Remove every band entry (the job is complete: each tile has its own entry)."""
+    fs, path = url_to_fs(url, storage_options)
+    for name in fs.glob(f"{path.rstrip('/')}/{JOURNAL_DIR}/band-*.json"):
         with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(f"{path.rstrip('/')}/{entry_name(index)}")
+            fs.rm_file(name)
 
 
 def _overlaps(span: tuple[int, int], start: int, stop: int) -> bool:

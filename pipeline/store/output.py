@@ -273,6 +273,14 @@ class Output:
         name = journal.entry_name(index)
         write_bytes(self.url, name, json.dumps(entry).encode(), self.storage_options)
 
+    def journal_band(
+        self, index: tuple[int, int], rows: tuple[int, int], entry: dict[str, Any]
+    ) -> None:
+        """Worker side: record a written band of a tile in flight (OUT's ``rows``)."""
+        name = journal.band_entry_name(index, rows[0])
+        entry = {**entry, "index": list(index), "rows": list(rows)}
+        write_bytes(self.url, name, json.dumps(entry).encode(), self.storage_options)
+
     def _open(self, mode: str) -> Any:
         options = fsspec_options(self.url, self.storage_options)
         return zarr.open_array(self.url, mode=mode, storage_options=options)

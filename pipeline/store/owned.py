@@ -20,6 +20,7 @@ OWNED = re.compile(
     r"(zarr\.json|\.zarray|\.zattrs|lock\.json|inputs\.json"  # metadata, the lock, listings
     r"|c/\d+/\d+|\d+[./]\d+"  # chunk keys: v3 ("c/i/j"), v2 ("i.j" or "i/j")
     r"|journal/tile-\d+-\d+\.json"  # the journal
+    r"|journal/band-\d+-\d+-\d+\.json"  # its entries of tiles in flight
     rf"){PARTIAL}"
     r"|(c/\d+/|journal/|)[^/]*\.[0-9a-f]+\.partial"  # zarr's partials: suffix replaced
     r"|\.tilegemm-accumulate/.+"  # an unfinished accumulation's state and originals

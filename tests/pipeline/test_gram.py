@@ -92,7 +92,7 @@ def test_plan_does_half_the_work() -> None:
 @pytest.mark.parametrize("memory_limit", ["4GiB", "300MiB"], ids=["X fits", "X does not fit"])
 def test_planned_reads_are_the_reads(tmp_path: Path, memory_limit: str) -> None:
     """A Gram product reads X's blocks for both operands from one cache: the plan counts X
-    once when it fits (the dry run said 2.00x before), and within 1.5x of what the run reads
+    once when it fits (the dry run said 2.00x before), and at most 1.5x what the run reads
     when it does not (the model said 1.41x the reads there before)."""
     from distributed import LocalCluster
 
@@ -108,7 +108,8 @@ def test_planned_reads_are_the_reads(tmp_path: Path, memory_limit: str) -> None:
     if memory_limit == "4GiB":
         assert result.plan.n_tiles > 1 and planned == read == x_bytes
     else:
-        assert result.plan.n_tiles > 1 and read / 1.5 <= planned <= 1.5 * read
+        # the model's error was overcounting; a loaded machine's cache can read a little more
+        assert result.plan.n_tiles > 1 and x_bytes < planned <= 1.5 * read
 
 
 def test_refusals(tmp_path: Path) -> None:
