@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint bench bench-general bench-gpu bench-feed clean
+.PHONY: venv demo test test-slow test-gpu check lint bench bench-general bench-model calibrate bench-gpu bench-feed clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,16 @@ bench: venv
 	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F32) --dtype float32 --repeats 3
 	$(PY) -m benchmarks.cpu_peers --sizes $(BENCH_SIZES_F64) --dtype float64 --repeats 3
 	$(MAKE) bench-general
+	$(MAKE) bench-model
+
+# The dry run's seconds against the clock on 7 fixed cases (2048², 1024², 256² and 64² chunks,
+# tall-skinny, short-fat, prime chunkings); ~15 minutes on 2 cores. `make calibrate` first
+# on a new machine: it rewrites pipeline/plan/calibration.py.
+bench-model: venv
+	$(PY) -m benchmarks.model_check --repeats 3 --data $(FEED_DATA)/model
+
+calibrate: venv
+	$(PY) -m benchmarks.calibrate
 
 # Gram and Xᵀ Y (X, Y = 32768x4096 float32, 2048² zstd chunks) against our general product and
 # dask threads; a few minutes on 2 cores.

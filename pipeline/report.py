@@ -7,6 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
+from pipeline.plan.calibration import COSTS
 from pipeline.plan.matmul import cpu_resource_seconds
 from pipeline.plan.units import format_bytes
 
@@ -82,15 +83,17 @@ def _task_memory(plan: MatmulPlan) -> str:
 
 
 def _estimate(plan: MatmulPlan) -> str:
+    total = f"{plan.estimated_seconds + COSTS.setup_seconds:.1f} s on this cluster"
     if plan.device is None:
         return (
-            f"{plan.estimated_seconds:.1f} s on this cluster (CPU model: "
+            f"{total} (CPU model calibrated on {COSTS.machine}: "
             f"{FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s and "
-            f"{DECODE_BYTES_PER_THREAD / 1e9:.1f} GB/s decode per thread)"
+            f"{DECODE_BYTES_PER_THREAD / 1e9:.1f} GB/s read and decode per thread, plus a cost "
+            "per chunk)"
         )
     d = plan.device
     return (
-        f"{plan.estimated_seconds:.1f} s on this cluster ({d.name} {d.source}: "
+        f"{total} ({d.name} {d.source}: "
         f"{d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s peak, "
         f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped"
         + (
@@ -104,8 +107,9 @@ def _estimate(plan: MatmulPlan) -> str:
 
 def _resources(plan: MatmulPlan) -> str:
     seconds = plan.resource_seconds or cpu_resource_seconds(plan)
-    where = "per worker" if plan.device is not None else "per worker, threads shared"
-    return ", ".join(f"{name} {value:.2f}" for name, value in seconds) + f" ({where})"
+    where = "per worker" if plan.device is not None else "thread-seconds per worker"
+    terms = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
+    return f"{terms} ({where}); setup {COSTS.setup_seconds:.2f} (once)"
 
 
 def format_summary(result: MultiplyResult) -> str:
@@ -130,7 +134,7 @@ def _layout(plan: MatmulPlan) -> str:
 
 def format_accounting(result: MultiplyResult) -> str:
     """Where the tile tasks' time went (thread-seconds) and what the workers' processes used."""
-    phases = ", ".join(f"{k} {v:.2f}" for k, v in result.phases.items())
+    phases = ", ".join(f"{k} {v:.3f}" for k, v in result.phases.items())  # tiny jobs: ms
     usage = result.usage
     cpu = (
         f"workers' CPU: user {usage['user_seconds']:.2f} s, system {usage['system_seconds']:.2f}"

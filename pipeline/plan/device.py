@@ -15,12 +15,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from kernels.device.buffers import group_bytes
+from pipeline.plan.calibration import COSTS
 
 DECODE_BYTES_PER_SECOND = 0.6e9
 """Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
-STORAGE_BYTES_PER_SECOND = 2e9
-"""Storage read rate of one worker, in bytes/s (a planning default: local NVMe or a fast
-object store; slower storage shows as `bound by: storage`)."""
 DEVICE_DECODE_BYTES_PER_SECOND = 50e9
 """zstd decoded on the device (nvCOMP), in decoded bytes/s: an assumption, never measured here
 (no GPU); the emulated device's default is the same."""
@@ -76,6 +74,12 @@ class GpuWork:
     flops: float
     write_bytes: float
     """Output bytes encoded and written."""
+    read_chunks: float = 0.0
+    """Stored input chunks fetched and decoded (each pays a fixed cost: plan.costs)."""
+    decoded_bytes: float = 0.0
+    """Their bytes decoded, whole chunks (0: ``read_bytes``)."""
+    write_chunks: float = 0.0
+    """OUT's chunks encoded and written."""
 
 
 def resource_seconds(
@@ -86,16 +90,22 @@ def resource_seconds(
     decode_threads: int,
 ) -> dict[str, float]:
     """Modelled busy seconds of each resource of one worker."""
-    decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
     kernel = work.flops / (device.flops(compute_dtype) * flops_fraction)
     if device.decodes_chunks:  # the host only reads; decoding shares the device with the gemms
         kernel += work.read_bytes / device.decode_bytes_per_second
+    threads = max(decode_threads, 1)
+    decoded = work.decoded_bytes or work.read_bytes
+    fetched = COSTS.read.seconds(work.read_chunks, decoded)
+    stored = COSTS.encode.seconds(work.write_chunks, work.write_bytes)
+    stored += COSTS.write.seconds(work.write_chunks, work.write_bytes)
     return {
-        "storage": work.read_bytes / STORAGE_BYTES_PER_SECOND,
-        "decode": 0.0 if device.decodes_chunks else work.read_bytes / decode_rate,
+        "storage": fetched / threads,  # calibrated (pipeline.plan.calibration)
+        "decode": 0.0
+        if device.decodes_chunks
+        else COSTS.decode.seconds(work.read_chunks, decoded) / threads,
         "host-to-device": work.copy_bytes / device.h2d_bytes_per_second,
         "kernel": kernel,
-        "write": work.write_bytes / decode_rate,
+        "write": stored / threads,
     }
 
 

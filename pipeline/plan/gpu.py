@@ -18,7 +18,13 @@ from pipeline.plan.device import (
     resource_seconds,
     staging_pool_bytes,
 )
-from pipeline.plan.matmul import TASK_OVERHEAD_SECONDS, MatmulPlan, ceil_div, row_bands
+from pipeline.plan.matmul import (
+    TASK_OVERHEAD_SECONDS,
+    MatmulPlan,
+    ceil_div,
+    cpu_work,
+    row_bands,
+)
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 
 
@@ -50,11 +56,15 @@ def with_device(
     rows, cols = plan.grid
     share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part
     computed = plan.n_tiles / max(rows * cols, 1)  # a Gram product's tiles: about half
+    counted = cpu_work(plan)  # chunks and decoded bytes, as on the CPU
     work = GpuWork(
         read_bytes=share * plan.read_bytes,
         copy_bytes=share * computed * ((m * cols + n * rows) * k * c + m * n * c),
         flops=share * plan.flops,
         write_bytes=share * m * n * o,
+        read_chunks=share * counted.read_chunks,
+        decoded_bytes=share * counted.read_bytes,
+        write_chunks=share * counted.out_chunks,
     )
     seconds = resource_seconds(work, device, flops_fraction, plan.compute_dtype, decode_threads)
     # Each task fills its pipeline (first panels decoded and copied: the device waits) and

@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
+from pipeline.plan.calibration import COSTS
 from pipeline.plan.device import DeviceModel
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
+from pipeline.plan.model import Work, chunks_per_pass, grouped, makespan, resource_seconds
 from pipeline.plan.spec import ArraySpec, KPanels, Tile
 
-FLOPS_PER_THREAD = 90e9
-"""One thread's float32 multiply rate, in flop/s (OpenBLAS sgemm measured here; float64 half)."""
-DECODE_BYTES_PER_THREAD = 0.5e9
-"""Planning guess of one thread's read-and-decode (or encode-and-write) rate, in bytes/s."""
-TASK_OVERHEAD_SECONDS = 0.05
+FLOPS_PER_THREAD = COSTS.flops_per_second
+"""One thread's float32 multiply rate, in flop/s (calibrated; float64 half)."""
+DECODE_BYTES_PER_THREAD = 1 / (COSTS.read.per_byte + COSTS.decode.per_byte)
+"""One thread's read-and-decode rate of large chunks, in bytes/s (calibrated)."""
+TASK_OVERHEAD_SECONDS = COSTS.task_seconds
 """Scheduling, store opening and Python per task: favours fewer, bigger tasks on a tie."""
 REDUCE_BYTES_PER_SECOND = 2e9
 """Planning guess of moving and adding split-K partials, in bytes/s."""
@@ -180,8 +182,9 @@ class MatmulPlan:
 
     @property
     def bound_by(self) -> str:
-        """The resource the model says limits the run."""
-        seconds = dict(self.resource_seconds or cpu_resource_seconds(self))
+        """The resource the model says limits the run (on the CPU: product, decode -- reading
+        and decoding the inputs -- or write -- encoding and storing OUT)."""
+        seconds = dict(self.resource_seconds) or grouped(dict(cpu_resource_seconds(self)))
         return max(seconds, key=lambda k: seconds[k])
 
     def tiles(self) -> Iterator[Tile]:
@@ -200,35 +203,69 @@ class MatmulPlan:
         return [self.k_panels[starts[g] : starts[g + 1]] for g in range(self.split_k)]
 
 
-def cpu_resource_seconds(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
-    """A CPU plan's modelled seconds of BLAS and of decoding (sharing the worker threads)."""
-    threads = plan.workers * plan.threads_per_worker
-    rounds = ceil_div(plan.n_tasks, threads) / max(plan.n_tasks, 1)
-    rate = FLOPS_PER_THREAD * 4 / max(np.dtype(plan.compute_dtype).itemsize, 4)
-    return (
-        ("product", rounds * plan.flops / rate),
-        ("decode", rounds * plan.read_bytes / DECODE_BYTES_PER_THREAD),
+def cpu_work(plan: MatmulPlan) -> Work:
+    """A plan's chunks, bytes and flops (pipeline.plan.model). Inputs are read as often as
+    the read model says (read_bytes over each input once), each read decoding every chunk its
+    tile's rows and panels touch, whole; OUT's chunks are each encoded and written once."""
+    (m, k), n = plan.a.shape, plan.b.shape[1]
+    (tm, tn), width = plan.tile_shape, plan.panel_width
+    passes = plan.read_bytes / max(plan.compulsory_read_bytes, 1)
+    a_chunks = chunks_per_pass(m, tm, plan.a.chunks[0]) * chunks_per_pass(
+        k, width, plan.a.chunks[1]
+    )
+    b_chunks = chunks_per_pass(k, width, plan.b.chunks[0]) * chunks_per_pass(
+        n, tn, plan.b.chunks[1]
+    )
+    if plan.symmetric:  # one input, X, read for both operands
+        b_chunks = 0.0
+    a_item, b_item = np.dtype(plan.a.dtype).itemsize, np.dtype(plan.b.dtype).itemsize
+    decoded = (
+        a_chunks * math.prod(plan.a.chunks) * a_item + b_chunks * math.prod(plan.b.chunks) * b_item
+    )
+    (om, on), outer = plan.out.chunks, plan.out.outer_chunks
+    out_chunks = ceil_div(m, om) * ceil_div(n, on)
+    out_objects = ceil_div(m, outer[0]) * ceil_div(n, outer[1])
+    acc = plan.flops / max(2 * k, 1) * np.dtype(plan.compute_dtype).itemsize  # a Gram's half
+    return Work(
+        flops=plan.flops,
+        compute_itemsize=np.dtype(plan.compute_dtype).itemsize,
+        read_chunks=passes * (a_chunks + b_chunks),
+        read_bytes=passes * decoded,
+        out_chunks=out_chunks,
+        out_objects=out_objects,
+        out_bytes=m * n * np.dtype(plan.out.dtype).itemsize,
+        compressed=np.dtype(plan.out.dtype).kind not in "fc",
+        tasks=plan.n_tasks,
+        accumulated_bytes=acc * len(plan.k_panels),
+        allocated_bytes=acc * plan.split_k,
     )
 
 
+def cpu_resource_seconds(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
+    """A CPU plan's modelled thread-seconds per resource of one worker (its threads shared)."""
+    seconds = resource_seconds(cpu_work(plan), replace(COSTS, task_seconds=TASK_OVERHEAD_SECONDS))
+    share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # the busiest worker's
+    return tuple((name, value * share) for name, value in seconds.items())
+
+
 def estimated_seconds(plan: MatmulPlan) -> float:
-    """Makespan model: rounds of equal tasks, each multiplying and decoding its panels, then
-    the split-K tree (three tile buffers moved per level) and the tile's single writer."""
+    """Makespan model (pipeline.plan.model): the tasks' thread-seconds over the threads, then
+    the split-K tree (three tile buffers moved per level)."""
     tm, tn = plan.tile_shape
-    k = plan.a.shape[1]
-    task_flops = 2 * tm * tn * k / plan.split_k
-    if plan.symmetric:  # diagonal tiles do half
-        task_flops = plan.flops / max(plan.n_tiles, 1) / plan.split_k
-    task_read = plan.read_bytes / max(plan.n_tasks, 1)
+    seconds = dict(cpu_resource_seconds(plan))
     rounds = ceil_div(plan.n_tasks, plan.workers * plan.threads_per_worker)
-    rate = FLOPS_PER_THREAD * 4 / max(np.dtype(plan.compute_dtype).itemsize, 4)
-    task = task_flops / rate + task_read / DECODE_BYTES_PER_THREAD
-    product = rounds * (task + TASK_OVERHEAD_SECONDS)
+    run = makespan(
+        seconds,
+        threads=plan.threads_per_worker,
+        rounds=rounds,
+        tasks=ceil_div(plan.n_tasks, plan.workers),
+        panels=max(len(plan.k_panels) // plan.split_k, 1),
+        bands=len(row_bands(tm, plan.block_shape[0])),
+    )
     acc = tm * tn * np.dtype(plan.compute_dtype).itemsize
     levels = math.ceil(math.log2(plan.split_k)) if plan.split_k > 1 else 0
     write_rounds = ceil_div(plan.n_tiles, plan.workers * plan.threads_per_worker)
-    finish = levels * 3 * acc / REDUCE_BYTES_PER_SECOND + acc / DECODE_BYTES_PER_THREAD
-    return product + write_rounds * finish
+    return run + write_rounds * levels * 3 * acc / REDUCE_BYTES_PER_SECOND
 
 
 WRITE_BANDS = 8

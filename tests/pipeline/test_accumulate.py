@@ -90,13 +90,20 @@ def test_failed_tiles_are_added_once_on_resume(
     import pipeline.run.worker as worker
 
     a_url, b_url, c_url, c0 = setup(tmp_path)
-    calls = {"n": 0}
+    tiles: dict[Any, int] = {}
+
+    def tile_of(args: tuple[Any, ...]) -> Any:
+        if fail_at == "journal":
+            return args[1]  # _journal(spec, tile, ...)
+        old = args[2]  # combine(spec, partial, a band of the tile's C_old): one per band
+        while old.base is not None:
+            old = old.base
+        return id(old)
 
     def failing(real: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
-            calls["n"] += 1
-            if calls["n"] % 2 == 0:  # every other tile fails there
-                raise RuntimeError("simulated crash")
+            if tiles.setdefault(tile_of(args), len(tiles)) % 2 == 1:  # every other tile fails
+                raise RuntimeError("simulated crash")  # (whatever its bands or the tiling)
             return real(*args, **kwargs)
 
         return wrapped

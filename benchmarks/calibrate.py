@@ -1,0 +1,297 @@
+"""Fit the cost model's constants on this machine and write them where the planner reads them.
+
+    python -m benchmarks.calibrate [--repeats 5] [--out pipeline/plan/calibration.py]
+
+For input chunks of 64² to 2048² float32 (zstd, the inputs' usual codec) it times, on one
+thread, fetching every stored chunk of a 2048² array (page cache warm: a job's second read) and
+decoding each; for OUT's chunks, zarr writing a 2048² array to memory (encoding: raw, and
+Blosc-LZ4 as integer OUTs are) and to local files (the difference is the write). Each fit is
+``seconds = chunks x per_chunk + bytes x per_byte`` by least squares on relative error, so
+small chunks weigh as much as big ones. Then one BLAS thread's sgemm rate, dask's cost per task
+and what a tiny job costs beyond its work (starting a local cluster, creating and finishing
+OUT). Each figure is the fastest of ``--repeats`` runs (other work on a shared machine only
+ever adds). Prints the fits with each size's measured and fitted seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from threadpoolctl import threadpool_limits
+
+from pipeline.generate import write_random
+from pipeline.plan.costs import ChunkCost, CostModel
+from pipeline.store import chunk_read
+from pipeline.store.chunk_sizes import decode_exact
+from pipeline.store.inputs import open_input
+from pipeline.store.output import output_compressors
+
+SIDE = 2048
+SIZES = (64, 128, 256, 512, 1024, 2048)
+Sample = tuple[int, int, float]  # chunks, bytes, seconds
+
+
+def best_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` runs: the machine's own cost, least disturbed by other work
+    on it (a shared machine's load only ever adds)."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def fit(samples: list[Sample]) -> ChunkCost:
+    """per_chunk and per_byte minimising the squared relative error, both at least 0."""
+    x = np.array([[c / t, b / t] for c, b, t in samples])
+    coef, *_ = np.linalg.lstsq(x, np.ones(len(samples)), rcond=None)
+    if coef.min() < 0:  # one term explains it: refit the other alone
+        keep = int(np.argmax(coef))
+        only = np.linalg.lstsq(x[:, [keep]], np.ones(len(samples)), rcond=None)[0][0]
+        coef = np.zeros(2)
+        coef[keep] = only
+    return ChunkCost(per_chunk=float(coef[0]), per_byte=float(coef[1]))
+
+
+def input_samples(root: Path, repeats: int) -> tuple[list[Sample], list[Sample]]:
+    reads, decodes = [], []
+    for c in SIZES:
+        url = str(root / f"in{c}.zarr")
+        write_random(url, (SIDE, SIDE), (c, c), "float32", c)
+        array = open_input(url)
+        index = [(i, j) for i in range(SIDE // c) for j in range(SIDE // c)]
+        frames = chunk_read._stored(array, index)  # warm the page cache, as a job's reread
+        chunk = c * c * 4
+        read = best_seconds(lambda a=array, i=index: chunk_read._stored(a, i), repeats)
+
+        def decode(frames: list[Any] = frames, chunk: int = chunk) -> None:
+            for frame in frames:
+                decode_exact("zstd", frame, chunk, "chunk")
+
+        reads.append((len(index), SIDE * SIDE * 4, read))
+        decodes.append((len(index), SIDE * SIDE * 4, best_seconds(decode, repeats)))
+    return reads, decodes
+
+
+def output_samples(root: Path, repeats: int) -> tuple[list[Sample], ...]:
+    zarr.config.set({"async.concurrency": 1})  # one thread's cost
+    floats = np.random.default_rng(0).random((SIDE, SIDE), dtype=np.float32)
+    ints = np.arange(SIDE * SIDE, dtype=np.int64).reshape(SIDE, SIDE) % 1000
+    raw, packed, stored = [], [], []
+    for c in SIZES:
+        count = (SIDE // c) ** 2
+
+        def write(store: Any, data: Any, c: int = c) -> None:
+            dtype = str(data.dtype)
+            out = zarr.create_array(
+                store, shape=data.shape, chunks=(c, c), dtype=dtype,
+                compressors=output_compressors(dtype), fill_value=0, overwrite=True,
+            )  # fmt: skip
+            out[:] = data
+
+        memory = best_seconds(lambda: write(zarr.storage.MemoryStore(), floats), repeats)
+        path = str(root / f"out{c}.zarr")
+        files = best_seconds(lambda p=path: write(p, floats), repeats)
+        ints_memory = best_seconds(lambda: write(zarr.storage.MemoryStore(), ints), repeats)
+        raw.append((count, floats.nbytes, memory))
+        packed.append((count, ints.nbytes, ints_memory))
+        stored.append((count, floats.nbytes, max(files - memory, 1e-6)))
+    return raw, packed, stored
+
+
+def flops_per_second(repeats: int) -> float:
+    """One BLAS thread's sgemm rate while every core runs one (as a job's tasks do)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    rng = np.random.default_rng(1)
+    a = rng.random((2048, 2048), dtype=np.float32)
+    b = rng.random((2048, 2048), dtype=np.float32)
+    cores = os.cpu_count() or 1
+    with threadpool_limits(1, "blas"), ThreadPoolExecutor(cores) as pool:
+
+        def all_cores() -> None:
+            list(pool.map(lambda _: a @ b, range(cores)))
+
+        seconds = best_seconds(all_cores, repeats)
+    return 2 * 2048**3 / seconds
+
+
+def accumulator_seconds(repeats: int) -> tuple[float, float]:
+    """Seconds per accumulator byte of adding one K=8 panel (BLAS passes over the tile), and
+    of a fresh accumulator's first panel and result copy beyond that (page faults, the copy)."""
+    from kernels.backends import make_accumulator
+
+    side, k = 4096, 8
+    rng = np.random.default_rng(2)
+    a = rng.random((side, k), dtype=np.float32)
+    b = rng.random((k, side), dtype=np.float32)
+    nbytes = side * side * 4
+
+    def fresh() -> Any:
+        acc = make_accumulator("cpu", (side, side), "float32", (1024, 1024))
+        acc.add(a, b)
+        acc.result()
+        return acc
+
+    kept = fresh()
+    with threadpool_limits(1, "blas"):
+        again = best_seconds(lambda: kept.add(a, b), repeats)
+        first = best_seconds(fresh, repeats)
+    return again / nbytes, max(first - again, 0.0) / nbytes
+
+
+def task_and_setup_seconds(root: Path, repeats: int) -> tuple[float, float]:
+    """dask's thread-seconds per task (1 worker, 2 threads, 400 tasks) and a 64² job's wall."""
+    from distributed import Client, LocalCluster
+
+    from pipeline import multiply
+
+    a, b = str(root / "a64.zarr"), str(root / "b64.zarr")
+    write_random(a, (64, 64), (64, 64), "float32", 1)
+    write_random(b, (64, 64), (64, 64), "float32", 2)
+    setup = best_seconds(
+        lambda: multiply(a, b, str(root / "c64.zarr"), overwrite=True), repeats
+    )  # its own local cluster, started and closed
+    with (
+        LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster,
+        Client(cluster) as client,
+    ):
+        client.gather(client.map(abs, range(10)))
+
+        def tasks() -> None:
+            client.gather(client.map(abs, range(400), pure=False))
+
+        per_task = best_seconds(tasks, repeats) * 2 / 400
+    return per_task + tile_task_seconds(a, b, root, repeats), setup
+
+
+def tile_task_seconds(a: str, b: str, root: Path, repeats: int) -> float:
+    """One tile task of a 64x64 product run in this process: what a task costs besides its
+    work (opening the stores, its reading and writing threads, the journal)."""
+    from pipeline.plan import StoreSpec, plan_matmul
+    from pipeline.planning import fingerprint
+    from pipeline.run.spec import TaskSpec
+    from pipeline.run.worker import tile_product_write
+    from pipeline.store.inputs import array_spec
+    from pipeline.store.output import Output
+
+    specs = [array_spec(open_input(x), "A") for x in (a, b)]
+    plan = plan_matmul(*specs, workers=1, threads_per_worker=1, memory_limit_bytes=2**31)
+    out = str(root / "task.zarr")
+    Output(out).create(plan.out.shape, plan.out.chunks, plan.out.dtype, {})
+    spec = TaskSpec(
+        StoreSpec(a, b, out), "cpu", plan.compute_dtype, plan.out.dtype, fingerprint(plan),
+        block_shape=plan.block_shape,
+    )  # fmt: skip
+    tile, panels = next(iter(plan.tiles())), tuple(plan.k_panels)
+    tile_product_write(spec, tile, panels)  # handles opened, as on a worker's later tasks
+    return best_seconds(lambda: tile_product_write(spec, tile, panels), max(repeats, 5))
+
+
+def machine() -> str:
+    model, cores = "unknown CPU", os.cpu_count() or 1
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        model = next(x.split(":", 1)[1].strip() for x in out.splitlines() if "Model name" in x)
+    except (OSError, subprocess.CalledProcessError, StopIteration):
+        pass
+    return f"{model}, {cores} cores"
+
+
+def source(costs: CostModel) -> str:
+    def cost(name: str, c: ChunkCost) -> str:
+        return f"    {name}=ChunkCost(per_chunk={c.per_chunk:.4g}, per_byte={c.per_byte:.4g}),"
+
+    return "\n".join(
+        [
+            '"""The cost model\'s constants, written by ``python -m benchmarks.calibrate`` on',
+            f"{costs.machine} ({costs.measured}). Rerun it on the",
+            'machine to plan for; do not edit by hand."""',
+            "",
+            "from pipeline.plan.costs import ChunkCost, CostModel",
+            "",
+            "COSTS = CostModel(",
+            cost("read", costs.read),
+            cost("decode", costs.decode),
+            cost("encode", costs.encode),
+            cost("encode_compressed", costs.encode_compressed),
+            cost("write", costs.write),
+            f"    flops_per_second={costs.flops_per_second:.4g},",
+            f"    accumulate_per_byte={costs.accumulate_per_byte:.4g},",
+            f"    allocate_per_byte={costs.allocate_per_byte:.4g},",
+            f"    task_seconds={costs.task_seconds:.4g},",
+            f"    setup_seconds={costs.setup_seconds:.4g},",
+            f"    machine={json.dumps(costs.machine)},",
+            f"    measured={json.dumps(costs.measured)},",
+            ")",
+            "",
+        ]
+    )
+
+
+def show(name: str, samples: list[Sample], cost: ChunkCost) -> None:
+    rate = 1 / cost.per_byte / 1e9 if cost.per_byte else float("inf")
+    print(f"{name}: {cost.per_chunk * 1e6:.1f} us per chunk + {rate:.2f} GB/s")
+    for (chunks, nbytes, seconds), side in zip(samples, SIZES, strict=True):
+        fitted = cost.seconds(chunks, nbytes)
+        print(f"  {side:>5}²: measured {seconds:.4f} s, fitted {fitted:.4f} s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--out", default=str(Path(__file__).parents[1] / "pipeline/plan/calibration.py")
+    )
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        reads, decodes = input_samples(root, args.repeats)
+        raw, packed, stored = output_samples(root, args.repeats)
+        task, setup = task_and_setup_seconds(root, args.repeats)
+    fits = {
+        name: fit(s)
+        for name, s in (
+            ("read", reads),
+            ("decode", decodes),
+            ("encode", raw),
+            ("encode_compressed", packed),
+            ("write", stored),
+        )
+    }
+    for (name, cost), samples in zip(
+        fits.items(), (reads, decodes, raw, packed, stored), strict=True
+    ):
+        show(name, samples, cost)
+    flops = flops_per_second(args.repeats)
+    accumulate, allocate = accumulator_seconds(args.repeats)
+    today = datetime.date.today().isoformat()
+    costs = CostModel(
+        **fits, flops_per_second=flops, accumulate_per_byte=accumulate,
+        allocate_per_byte=allocate, task_seconds=task, setup_seconds=setup,
+        machine=machine(), measured=f"{today}, best of {args.repeats}",
+    )  # fmt: skip
+    print(
+        f"sgemm {flops / 1e9:.1f} GFLOP/s per thread; {task * 1e3:.2f} ms per task; "
+        f"setup {setup:.2f} s"
+    )
+    Path(args.out).write_text(source(costs))
+    subprocess.run([sys.executable, "-m", "ruff", "format", "-q", args.out], check=False)
+    print(f"wrote {args.out} ({costs.machine})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""The plan's modelled seconds against the clock, on a fixed set of cases (issue 18).
+
+    python -m benchmarks.model_check [--repeats 3] [--data bench-data/model] [--cases a,b]
+
+Each case's inputs are written once (zstd, float32, seeded) under ``--data``. The model is the
+dry run's (``prepare(...).plan``, the constants of pipeline/plan/calibration.py); each run is
+the CLI, ``python -m pipeline multiply A B OUT --overwrite``, in a fresh process with its own
+local cluster. Printed per case, medians over the runs: the whole CLI's wall seconds, the
+job's seconds (what the summary line says; the dry run's estimate is of this), and per
+resource the modelled and the measured thread-seconds (the job's ``time:`` line: product;
+decode = fetching and decoding the inputs; write = encoding and storing OUT), then the
+resource each names as the largest, and the load average when the runs started. Measured
+thread-seconds are wall time in each thread, so they grow when more threads than cores are
+busy (a task reads its next panels in two threads while it multiplies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pipeline import prepare
+from pipeline.generate import write_random
+from pipeline.plan.calibration import COSTS
+from pipeline.plan.matmul import cpu_resource_seconds
+from pipeline.plan.model import grouped
+
+RESOURCES = ("product", "decode", "write")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    a: tuple[tuple[int, int], tuple[int, int]]  # shape, chunks
+    b: tuple[tuple[int, int], tuple[int, int]]
+    note: str
+
+
+CASES = (
+    Case("square-2048", ((8192, 8192), (2048, 2048)), ((8192, 8192), (2048, 2048)), "8192²"),
+    Case("chunks-1024", ((4096, 4096), (1024, 1024)), ((4096, 4096), (1024, 1024)), "4096²"),
+    Case("chunks-256", ((4096, 4096), (256, 256)), ((4096, 4096), (256, 256)), "4096²"),
+    Case("chunks-64", ((4096, 4096), (64, 64)), ((4096, 4096), (64, 64)), "4096²"),
+    Case("tall-skinny", ((100000, 32), (10000, 32)), ((32, 2000), (32, 1000)), "100000x32"),
+    Case("short-fat", ((2000, 65536), (1000, 4096)), ((65536, 2000), (4096, 1000)), "K 65536"),
+    Case("prime", ((4096, 4096), (997, 1009)), ((4096, 4096), (1013, 991)), "4096², prime chunks"),
+)  # fmt: skip
+
+
+def inputs(case: Case, data: Path) -> tuple[str, str]:
+    urls = []
+    for name, (shape, chunks), seed in (("a", case.a, 1), ("b", case.b, 2)):
+        url = data / f"{case.name}-{name}.zarr"
+        if not (url / "zarr.json").exists():
+            write_random(str(url), shape, chunks, "float32", seed, overwrite=True)
+        urls.append(str(url))
+    return urls[0], urls[1]
+
+
+def modelled(a: str, b: str, out: str) -> dict[str, Any]:
+    plan = prepare(a, b, out, overwrite=True).plan
+    seconds = grouped(dict(cpu_resource_seconds(plan)))
+    return {
+        "job": plan.estimated_seconds + COSTS.setup_seconds,
+        **seconds,
+        "bound": plan.bound_by,
+        "tiles": plan.n_tiles,
+        "out_chunks": plan.out.chunks,
+    }
+
+
+def measured(a: str, b: str, out: str) -> dict[str, float]:
+    load = os.getloadavg()[0]  # other work on the machine: the figures are noisy above ~2
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--no-progress"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    wall = time.perf_counter() - start
+    text = done.stdout + done.stderr
+    job = float(re.search(r"in ([0-9.]+) s \(", text).group(1))  # type: ignore[union-attr]
+    phases = dict(re.findall(r"(\w+) ([0-9.]+)", text.split("thread-seconds", 1)[1].split(";")[0]))
+    times = {k: float(v) for k, v in phases.items()}
+    return {
+        "cli": wall,
+        "job": job,
+        "product": times["product"],
+        "decode": times["decode"] + times.get("read", 0.0),
+        "write": times["write"],
+        "load": load,
+    }
+
+
+def median(runs: list[dict[str, float]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = (
+        "| case | OUT chunks | CLI s | job s measured | job s modelled | ratio | "
+        + " | ".join(f"{r} model / measured" for r in RESOURCES)
+        + " | largest model / measured | load |"
+    )
+    lines = [head, "|" + "---|" * (6 + len(RESOURCES) + 2)]
+    for row in rows:
+        m, got = row["model"], row["measured"]
+        largest = max(RESOURCES, key=lambda r: got[r])
+        per = " | ".join(f"{m[r]:.2f} / {got[r]:.2f}" for r in RESOURCES)
+        chunks = "x".join(map(str, m["out_chunks"]))
+        lines.append(
+            f"| {row['case']} | {chunks} | {got['cli']:.2f} | {got['job']:.2f} | {m['job']:.2f}"
+            f" | {got['job'] / m['job']:.2f} | {per} | {m['bound']} / {largest}"
+            f" | {got['load']:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--data", default="bench-data/model")
+    parser.add_argument("--cases", default=",".join(c.name for c in CASES))
+    parser.add_argument("--json", help="also write the rows here")
+    args = parser.parse_args()
+    data = Path(args.data)
+    data.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for case in (c for c in CASES if c.name in args.cases.split(",")):
+        a, b = inputs(case, data)
+        out = str(data / f"{case.name}-c.zarr")
+        model = modelled(a, b, out)
+        runs = [measured(a, b, out) for _ in range(args.repeats)]
+        rows.append({"case": case.name, "note": case.note, "model": model, "measured": median(runs),
+                     "runs": runs})  # fmt: skip
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    print(f"\n{os.uname().nodename}: {COSTS.machine}; calibration {COSTS.measured}; "
+          f"medians of {args.repeats}\n")  # fmt: skip
+    print(table(rows))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

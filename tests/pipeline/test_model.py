@@ -1,0 +1,109 @@
+"""The cost model: a fixed cost per chunk and a rate per byte for each resource, the counts a
+plan feeds it, the dry run's terms, and the calibration's fit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.calibrate import fit
+from pipeline.plan import ArraySpec, OutputSpec, plan_matmul
+from pipeline.plan.costs import ChunkCost, CostModel
+from pipeline.plan.matmul import cpu_resource_seconds, cpu_work
+from pipeline.plan.model import chunks_per_pass
+from tests.helpers import random_matrix, run_cli, write_array
+
+GiB = 2**30
+COSTS = CostModel(
+    read=ChunkCost(20e-6, 0.1e-9),
+    decode=ChunkCost(30e-6, 1e-9),
+    encode=ChunkCost(150e-6, 0.5e-9),
+    encode_compressed=ChunkCost(400e-6, 0.4e-9),
+    write=ChunkCost(300e-6, 0.5e-9),
+    flops_per_second=100e9,
+    accumulate_per_byte=0.2e-9,
+    allocate_per_byte=0.15e-9,
+    task_seconds=0.007,
+    setup_seconds=0.2,
+)
+
+
+@pytest.fixture(autouse=True)
+def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These constants, not this machine's calibration."""
+    monkeypatch.setattr("pipeline.plan.matmul.COSTS", COSTS)
+    monkeypatch.setattr("pipeline.plan.matmul.TASK_OVERHEAD_SECONDS", COSTS.task_seconds)
+
+
+@pytest.mark.parametrize(
+    ("extent", "span", "chunk", "chunks"),
+    [
+        (4096, 2048, 1024, 4.0),  # aligned: every chunk once
+        (4096, 4096, 64, 64.0),  # one run
+        (100, 7, 7, 15.0),  # ragged last chunk
+        (4096, 1024, 1000, 8.0),  # runs of 1024 over chunks of 1000: about two each
+        (10, 20, 3, 4.0),  # a run longer than the axis
+    ],
+)
+def test_chunks_per_pass(extent: int, span: int, chunk: int, chunks: float) -> None:
+    assert chunks_per_pass(extent, span, chunk) == pytest.approx(chunks, rel=0.02)
+
+
+def _plan(chunk: int, out: tuple[int, int] | None = None) -> object:
+    spec = ArraySpec((4096, 4096), (chunk, chunk), "float32")
+    return plan_matmul(
+        spec, spec, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB,
+        output=OutputSpec(chunks=out), tile_shape=(2048, 4096), panel_width=1024,
+    )  # fmt: skip
+
+
+def test_small_chunks_pay_per_chunk() -> None:
+    """The same bytes in 64x64 chunks cost 256x the chunks' fixed costs of 1024x1024 ones."""
+    small, big = (dict(cpu_resource_seconds(_plan(c, (1024, 1024)))) for c in (64, 1024))  # type: ignore[arg-type]
+    extra = (4096 * 4096 // 64**2 - 4096 * 4096 // 1024**2) * 2  # A and B, each read once
+    for name, cost in (("read", COSTS.read), ("decode", COSTS.decode)):
+        assert small[name] - big[name] == pytest.approx(extra * cost.per_chunk)
+    assert small["product"] == big["product"]
+
+
+def test_out_chunks_cost_their_encode_and_write() -> None:
+    few, many = (cpu_work(_plan(1024, c)) for c in ((1024, 1024), (64, 64)))  # type: ignore[arg-type]
+    assert (few.out_chunks, many.out_chunks) == (16, 4096)
+    seconds = dict(cpu_resource_seconds(_plan(1024, (64, 64))))  # type: ignore[arg-type]
+    out_bytes = 4096 * 4096 * 4
+    assert seconds["write"] == pytest.approx(COSTS.write.seconds(4096, out_bytes))
+    assert seconds["encode"] == pytest.approx(COSTS.encode.seconds(4096, out_bytes))
+
+
+def test_a_short_k_is_bound_by_writing_out() -> None:
+    """100000x32 @ 32x2000: little to multiply, 800 MB to store."""
+    a, b = ArraySpec((100_000, 32), (10_000, 32), "f4"), ArraySpec((32, 2000), (32, 1000), "f4")
+    plan = plan_matmul(a, b, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB)
+    assert plan.bound_by == "write"
+    square = ArraySpec((4096, 4096), (1024, 1024), "f4")
+    big_k = plan_matmul(
+        square, square, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB
+    )
+    assert big_k.bound_by == "product"
+
+
+def test_dry_run_prints_every_term(tmp_path: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    url = write_array(tmp_path / "a.zarr", random_matrix(rng, (64, 64), "float32"), (16, 16))
+    done = run_cli("multiply", url, url, str(tmp_path / "c.zarr"), "--dry-run")
+    assert done.returncode == 0, done.stderr
+    line = next(x for x in done.stdout.splitlines() if x.startswith("modelled seconds"))
+    for term in ("read", "decode", "product", "encode", "write", "tasks", "setup"):
+        assert f"{term} " in line, line
+    assert "calibrated on" in done.stdout
+
+
+def test_fit_recovers_the_constants() -> None:
+    truth = ChunkCost(per_chunk=120e-6, per_byte=0.8e-9)
+    samples = [(n, 2**24, truth.seconds(n, 2**24)) for n in (4, 16, 256, 1024, 4096)]
+    got = fit(samples)
+    assert got.per_chunk == pytest.approx(truth.per_chunk, rel=1e-6)
+    assert got.per_byte == pytest.approx(truth.per_byte, rel=1e-6)
