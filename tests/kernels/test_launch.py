@@ -87,8 +87,35 @@ def test_tiled_launch_covers_output(m: int, n: int, tile: int) -> None:
 
 
 def test_grid_y_limit_is_explained() -> None:
-    with pytest.raises(ValueError, match=r"needs 65536 block rows > CUDA's gridDim.y limit 65535"):
+    assert tiled_launch(MAX_GRID_Y * 16, 1, 16).grid == (1, MAX_GRID_Y)  # the limit itself fits
+    assert blocked_launch(MAX_GRID_Y * 128, 1, 128, 128, 256).grid == (1, MAX_GRID_Y)
+    words = (
+        r"output of 1048576 rows needs 65536 block rows > CUDA's gridDim.y limit 65535; "
+        "split the output into smaller row tiles$"
+    )
+    with pytest.raises(ValueError, match=words):
         tiled_launch((MAX_GRID_Y + 1) * 16, 1, 16)
+    with pytest.raises(ValueError, match=words.replace("1048576", "8388608")):
+        blocked_launch((MAX_GRID_Y + 1) * 128, 1, 128, 128, 256)
+
+
+def test_tile_of_one() -> None:
+    assert tiled_launch(3, 2, 1) == LaunchConfig(grid=(2, 3), block=(1, 1))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(-1, 1, 128, 128, 256), (1, -1, 128, 128, 256), (1, 1, 0, 128, 256), (1, 1, 128, 0, 256),
+     (1, 1, 128, 128, 0)],
+)  # fmt: skip
+def test_blocked_launch_rejects_bad_input(args: tuple[int, int, int, int, int]) -> None:
+    m, n, bm, bn, t = args
+    words = (
+        rf"need m, n >= 0 and positive tile/threads, got m={m}, n={n}, block_m={bm}, "
+        rf"block_n={bn}, threads={t}$"
+    )
+    with pytest.raises(ValueError, match=words):
+        blocked_launch(*args)
 
 
 @pytest.mark.parametrize("args", [(-1, 1, 16), (1, -1, 16), (1, 1, 0)])
