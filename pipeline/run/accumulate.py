@@ -18,9 +18,23 @@ from pipeline.store.fs import url_to_fs, write_bytes
 from pipeline.store.handles import cached_array
 
 
-def original(spec: TaskSpec, tile: Tile) -> NDArray[Any] | None:
-    """C_old of the tile (None unless accumulating), read from the accumulation's ``original/``
-    after the tile's objects are moved there (once: a marker says they all are)."""
+class Originals:
+    """C_old of one tile, read from ``original/`` a band at a time (in the band writer's
+    thread, beside the product, rather than all of it before the product starts)."""
+
+    def __init__(self, array: Any, tile: Tile) -> None:
+        self.array, self.tile = array, tile
+
+    def rows(self, start: int, stop: int) -> NDArray[Any]:
+        """Rows ``start:stop`` of the tile (counted from its first row)."""
+        first = self.tile.rows[0]
+        return np.asarray(self.array[first + start : first + stop, slice(*self.tile.cols)])
+
+
+def original(spec: TaskSpec, tile: Tile) -> Originals | None:
+    """C_old of the tile (None unless accumulating), read from the accumulation's
+    ``original/`` after the tile's objects are moved there (once: a marker says they all
+    are)."""
     if not spec.accumulate:
         return None
     side, options = sidecar(spec.output), spec.store.storage_options
@@ -30,8 +44,7 @@ def original(spec: TaskSpec, tile: Tile) -> NDArray[Any] | None:
         c = spec.output.writable(spec.fingerprint)
         move_originals(spec.output, object_keys(c, tile.rows, tile.cols))
         write_bytes(side.url, marker, json.dumps({"index": tile.index}).encode(), options)
-    copy = cached_array(f"{side.url}/{ORIGINAL}", options, spec.fingerprint)
-    return np.asarray(copy[slice(*tile.rows), slice(*tile.cols)])
+    return Originals(cached_array(f"{side.url}/{ORIGINAL}", options, spec.fingerprint), tile)
 
 
 def combine(spec: TaskSpec, product: NDArray[Any], old: NDArray[Any] | None) -> NDArray[Any]:
@@ -41,10 +54,12 @@ def combine(spec: TaskSpec, product: NDArray[Any], old: NDArray[Any] | None) -> 
     out = np.dtype(spec.out_dtype)
     if old is None and spec.alpha == 1:
         return np.ascontiguousarray(product, dtype=out)
-    if out.kind not in "biu":
-        value = product * np.asarray(spec.alpha, dtype=product.dtype)
+    if out.kind not in "biu":  # new arrays throughout: ``product`` may be a reused buffer
+        dt = product.dtype
+        value = product if spec.alpha == 1 else product * np.asarray(spec.alpha, dtype=dt)
         if old is not None:
-            value = value + old.astype(product.dtype) * np.asarray(spec.beta, dtype=product.dtype)
+            kept = old.astype(dt, copy=False)
+            value = value + (kept if spec.beta == 1 else kept * np.asarray(spec.beta, dtype=dt))
         return np.ascontiguousarray(value, dtype=out)
     alpha, beta = int(spec.alpha), int(spec.beta)
     approx = alpha * product.astype(np.float64)

@@ -48,8 +48,9 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     start = time.perf_counter()
     partial, bytes_read, phases = product
     clock = PhaseTimes()
-    old = accumulate.original(spec, tile)
+    originals = accumulate.original(spec, tile)
     with clock.measure("write"):
+        old = None if originals is None else originals.rows(0, tile.shape[0])
         data = accumulate.combine(spec, partial, old)
         out = spec.output.writable(spec.fingerprint)
         if spec.store.symmetric:  # the tile and its mirror (pipeline.store.mirror)
@@ -75,7 +76,7 @@ def tile_product_write(
     start = time.perf_counter()
     out = spec.output.writable(spec.fingerprint)
     clock = PhaseTimes()
-    old = accumulate.original(spec, tile)  # moved aside before the first write of C
+    originals = accumulate.original(spec, tile)  # moved aside before the first write of C
     first, chain = resume or (tile.rows[0], 0)
     todo = Tile(tile.index, (first, tile.rows[1]), tile.cols)  # the rows still to write
     offset = first - tile.rows[0]
@@ -95,7 +96,9 @@ def tile_product_write(
 
     def _write(band: tuple[int, int], partial: NDArray[Any]) -> None:
         with clock.measure("write"):
-            prior = None if old is None else old[offset + band[0] : offset + band[1]]
+            prior = (
+                None if originals is None else originals.rows(offset + band[0], offset + band[1])
+            )
             data = accumulate.combine(spec, partial, prior)
             if spec.store.symmetric:  # the band and its mirror (pipeline.store.mirror)
                 crc[0] = mirror.write_band(out, tile, band, data, crc[0])
