@@ -9,8 +9,10 @@ Blosc-LZ4 as integer OUTs are) and to local files (the difference is the write).
 ``seconds = chunks x per_chunk + bytes x per_byte`` by least squares on relative error, so
 small chunks weigh as much as big ones. Then one BLAS thread's sgemm rate, dask's cost per task
 and what a tiny job costs beyond its work (starting a local cluster, creating and finishing
-OUT). Each figure is the fastest of ``--repeats`` runs (other work on a shared machine only
-ever adds). Prints the fits with each size's measured and fitted seconds.
+OUT). Last, three whole jobs, each bound by one resource group (product, decode, write), scale
+that group's figures to what a job takes (threads sharing cores, memory and fresh pages). Each
+figure is the fastest of ``--repeats`` runs (other work on a shared machine only ever adds).
+Prints the fits with each size's measured and fitted seconds.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +204,66 @@ def tile_task_seconds(a: str, b: str, root: Path, repeats: int) -> float:
     return best_seconds(lambda: tile_product_write(spec, tile, panels), max(repeats, 5))
 
 
+JOBS = (
+    ("product", ((4096, 4096), (1024, 1024)), ((4096, 4096), (1024, 1024))),
+    ("decode", ((512, 32768), (64, 64)), ((32768, 512), (64, 64))),
+    ("write", ((65536, 16), (8192, 16)), ((16, 2048), (16, 1024))),
+)
+"""Jobs each bound by one resource group under the one-thread figures."""
+
+
+def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
+    """``costs`` with one resource group's costs times ``factor``."""
+
+    def times(c: ChunkCost) -> ChunkCost:
+        return ChunkCost(c.per_chunk * factor, c.per_byte * factor)
+
+    if group == "product":
+        return replace(
+            costs,
+            flops_per_second=costs.flops_per_second / factor,
+            accumulate_per_byte=costs.accumulate_per_byte * factor,
+            allocate_per_byte=costs.allocate_per_byte * factor,
+        )
+    if group == "decode":
+        return replace(costs, read=times(costs.read), decode=times(costs.decode))
+    return replace(
+        costs,
+        encode=times(costs.encode),
+        encode_compressed=times(costs.encode_compressed),
+        write=times(costs.write),
+    )
+
+
+def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[str, float]]:
+    """The one-thread figures scaled to what whole jobs take: each of JOBS (a local cluster
+    of its own, as the CLI starts) is timed, fastest of ``repeats``, and the group bounding it
+    is scaled until the plan's seconds match (a few rounds: the bound may move). On 2 cores
+    a job's threads share the cores, the memory bus and fresh pages, which one thread alone
+    does not see."""
+    import pipeline.plan.matmul as matmul
+    from pipeline import multiply, prepare
+
+    runs = []
+    for group, (a_shape, a_chunks), (b_shape, b_chunks) in JOBS:
+        a, b, out = (str(root / f"job-{group}-{x}.zarr") for x in "abc")
+        write_random(a, a_shape, a_chunks, "float32", 1, overwrite=True)
+        write_random(b, b_shape, b_chunks, "float32", 2, overwrite=True)
+        wall = min(multiply(a, b, out, overwrite=True).seconds for _ in range(repeats))
+        runs.append((group, a, b, out, wall))
+    factors = dict.fromkeys(("product", "decode", "write"), 1.0)
+    for _ in range(4):
+        for group, a, b, out, wall in runs:
+            matmul.COSTS, matmul.TASK_OVERHEAD_SECONDS = costs, costs.task_seconds
+            plan = prepare(a, b, out, overwrite=True).plan
+            bound = plan.bound_by
+            factor = max(wall - costs.setup_seconds, 1e-3) / max(plan.estimated_seconds, 1e-3)
+            costs = scaled(costs, bound, factor)
+            factors[bound] *= factor
+            print(f"  {group} job: {wall:.2f} s measured, bound by {bound}: x{factor:.2f}")
+    return costs, factors
+
+
 def machine() -> str:
     model, cores = "unknown CPU", os.cpu_count() or 1
     try:
@@ -288,6 +351,11 @@ def main() -> None:
         f"sgemm {flops / 1e9:.1f} GFLOP/s per thread; {task * 1e3:.2f} ms per task; "
         f"setup {setup:.2f} s"
     )
+    with tempfile.TemporaryDirectory() as tmp:
+        costs, factors = in_job(costs, Path(tmp), max(args.repeats // 2, 2))
+    print("in a job: " + ", ".join(f"{k} x{v:.2f}" for k, v in factors.items()))
+    costs = replace(costs, measured=costs.measured + ", in-job " + ", ".join(
+        f"{k} x{v:.2f}" for k, v in factors.items()))  # fmt: skip
     Path(args.out).write_text(source(costs))
     subprocess.run([sys.executable, "-m", "ruff", "format", "-q", args.out], check=False)
     print(f"wrote {args.out} ({costs.machine})")

@@ -3,7 +3,7 @@
     python -m benchmarks.model_check [--repeats 3] [--data bench-data/model] [--cases a,b]
 
 Each case's inputs are written once (zstd, float32, seeded) under ``--data``. The model is the
-dry run's (``prepare(...).plan``, the constants of pipeline/plan/calibration.py); each run is
+dry run's text (``--dry-run``: the constants of pipeline/plan/calibration.py); each run is
 the CLI, ``python -m pipeline multiply A B OUT --overwrite``, in a fresh process with its own
 local cluster. Printed per case, medians over the runs: the whole CLI's wall seconds, the
 job's seconds (what the summary line says; the dry run's estimate is of this), and per
@@ -11,7 +11,9 @@ resource the modelled and the measured thread-seconds (the job's ``time:`` line:
 decode = fetching and decoding the inputs; write = encoding and storing OUT), then the
 resource each names as the largest, and the load average when the runs started. Measured
 thread-seconds are wall time in each thread, so they grow when more threads than cores are
-busy (a task reads its next panels in two threads while it multiplies).
+busy (a task reads its next panels in two threads while it multiplies) and when other work
+loads the machine; the workers' CPU seconds (user + system) against the model's sum of
+thread-seconds do not.
 """
 
 from __future__ import annotations
@@ -28,11 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline import prepare
 from pipeline.generate import write_random
-from pipeline.plan.calibration import COSTS
-from pipeline.plan.matmul import cpu_resource_seconds
-from pipeline.plan.model import grouped
 
 RESOURCES = ("product", "decode", "write")
 
@@ -67,14 +65,27 @@ def inputs(case: Case, data: Path) -> tuple[str, str]:
 
 
 def modelled(a: str, b: str, out: str) -> dict[str, Any]:
-    plan = prepare(a, b, out, overwrite=True).plan
-    seconds = grouped(dict(cpu_resource_seconds(plan)))
+    """The dry run's figures, read from its text (so an older checkout, on PYTHONPATH, can be
+    measured the same way): the estimated time, and the terms grouped as the run measures them
+    (product; decode = read + decode; write = encode + write)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--dry-run"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    text = done.stdout
+    found = re.search(r"^modelled seconds\s+(.*?) \(", text, re.M)
+    terms = {k: float(v) for k, v in re.findall(r"([\w-]+) ([0-9.]+)", found.group(1))}  # type: ignore[union-attr]
+    grouped = {
+        "product": terms.get("product", 0.0),
+        "decode": terms.get("read", 0.0) + terms.get("decode", 0.0),
+        "write": terms.get("encode", 0.0) + terms.get("write", 0.0),
+    }
     return {
-        "job": plan.estimated_seconds + COSTS.setup_seconds,
-        **seconds,
-        "bound": plan.bound_by,
-        "tiles": plan.n_tiles,
-        "out_chunks": plan.out.chunks,
+        "job": float(re.search(r"^estimated time\s+([0-9.]+) s", text, re.M).group(1)),  # type: ignore[union-attr]
+        "cpu": sum(grouped.values()),
+        **grouped,
+        "bound": re.search(r"^bound by: (\S+)", text, re.M).group(1),  # type: ignore[union-attr]
+        "out_chunks": re.search(r"^output chunks\s+(\S+)", text, re.M).group(1),  # type: ignore[union-attr]
     }
 
 
@@ -90,14 +101,22 @@ def measured(a: str, b: str, out: str) -> dict[str, float]:
     job = float(re.search(r"in ([0-9.]+) s \(", text).group(1))  # type: ignore[union-attr]
     phases = dict(re.findall(r"(\w+) ([0-9.]+)", text.split("thread-seconds", 1)[1].split(";")[0]))
     times = {k: float(v) for k, v in phases.items()}
+    cpu = re.search(r"user ([0-9.]+) s, system ([0-9.]+) s", text)
     return {
         "cli": wall,
         "job": job,
         "product": times["product"],
         "decode": times["decode"] + times.get("read", 0.0),
         "write": times["write"],
+        "cpu": float(cpu.group(1)) + float(cpu.group(2)) if cpu else float("nan"),
         "load": load,
     }
+
+
+def cpu_model() -> str:
+    out = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
+    names = [x.split(":", 1)[1].strip() for x in out.splitlines() if "Model name" in x]
+    return f"{names[0] if names else 'unknown CPU'}, {os.cpu_count()} cores"
 
 
 def median(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -108,18 +127,18 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| case | OUT chunks | CLI s | job s measured | job s modelled | ratio | "
         + " | ".join(f"{r} model / measured" for r in RESOURCES)
-        + " | largest model / measured | load |"
+        + " | largest model / measured | CPU s model / measured | load |"
     )
-    lines = [head, "|" + "---|" * (6 + len(RESOURCES) + 2)]
+    lines = [head, "|" + "---|" * (6 + len(RESOURCES) + 3)]
     for row in rows:
         m, got = row["model"], row["measured"]
         largest = max(RESOURCES, key=lambda r: got[r])
         per = " | ".join(f"{m[r]:.2f} / {got[r]:.2f}" for r in RESOURCES)
-        chunks = "x".join(map(str, m["out_chunks"]))
+        chunks = m["out_chunks"]
         lines.append(
             f"| {row['case']} | {chunks} | {got['cli']:.2f} | {got['job']:.2f} | {m['job']:.2f}"
             f" | {got['job'] / m['job']:.2f} | {per} | {m['bound']} / {largest}"
-            f" | {got['load']:.1f} |"
+            f" | {m['cpu']:.2f} / {got['cpu']:.2f} | {got['load']:.1f} |"
         )
     return "\n".join(lines)
 
@@ -142,8 +161,8 @@ def main() -> None:
         rows.append({"case": case.name, "note": case.note, "model": model, "measured": median(runs),
                      "runs": runs})  # fmt: skip
         print(table(rows[-1:]).splitlines()[-1], flush=True)
-    print(f"\n{os.uname().nodename}: {COSTS.machine}; calibration {COSTS.measured}; "
-          f"medians of {args.repeats}\n")  # fmt: skip
+    print(f"\n{cpu_model()}; medians of {args.repeats}; PYTHONPATH="
+          f"{os.environ.get('PYTHONPATH', '')}\n")  # fmt: skip
     print(table(rows))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1, default=str))

@@ -21,12 +21,11 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
+from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK
 from pipeline.store.chunk_sizes import DECODERS, decode_exact
 
-BATCH_BYTES = 2 * 2**20
-"""Stored chunks fetched in one round trip, in bytes (at least BATCH_CHUNKS of them): few round
-trips for small chunks, and no more held at once than zarr's own reads hold for large ones."""
 BATCH_CHUNKS = 10
+"""Stored chunks fetched in one round trip at least (zarr's own reads hold as many)."""
 DIRECT_MAX_CHUNK_BYTES = 2**20
 """Larger chunks go through zarr: there its per-chunk cost is a few percent of the decode, and
 it decodes a read's chunks in parallel."""
@@ -110,7 +109,9 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
         for j in range(cols[0] // cn, -(-cols[1] // cn))
     ]
     chunk_bytes = cm * cn * item
-    batch = max(BATCH_CHUNKS, BATCH_BYTES // max(chunk_bytes, 1))
+    # The memory model counts zarr's bookkeeping per chunk touched, which this path does not
+    # spend: it holds that many more stored bytes per batch instead.
+    batch = max(BATCH_CHUNKS, ZARR_BYTES_PER_CHUNK * len(indices) // max(chunk_bytes, 1))
     what = f"{cm}x{cn} {found.dtype} elements"
     for start in range(0, len(indices), batch):
         part = indices[start : start + batch]

@@ -105,3 +105,23 @@ def test_a_store_other_than_local_files() -> None:
     out = np.empty((11, 13))
     assert chunk_read.read_into(array, (2, 13), (5, 18), out)
     np.testing.assert_array_equal(out, data[2:13, 5:18])
+
+
+@pytest.mark.parametrize("chunk", [16, 64, 256])
+def test_memory_within_the_model(tmp_path: Path, chunk: int) -> None:
+    """A panel read holds no more than the memory model counts for zarr's read of it."""
+    import tracemalloc
+
+    from pipeline.plan.memory import zarr_bytes
+
+    data = np.random.default_rng(1).random((1024, 1024), dtype=np.float32)
+    array = _store(tmp_path / "a.zarr", data, (chunk, chunk), 3, "zstd")
+    out = np.empty((1024, 256), dtype=np.float32)
+    tracemalloc.start()
+    try:
+        assert chunk_read.read_into(array, (0, 1024), (256, 512), out)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(out, data[:, 256:512])
+    assert peak <= zarr_bytes((1024, 256), (chunk, chunk), (1024, 1024), 4), peak
