@@ -196,18 +196,8 @@ class EmulatedDevice:
         flops = 2 * (r1 - r0) * acc.shape[1] * a.shape[1]
         self._submit(stream, "compute", "gemm", flops, self.flops[acc.dtype.name])
 
-    def decode_into(
-        self, staged: NDArray[Any], panel: CompressedPanel, dev: DeviceBuffer, stream: Stream
-    ) -> object:
-        """The compressed bytes over the copy engine, then decoding on the compute engine (as
-        nvCOMP's kernels share the GPU with the gemms) at ``decode_gbps`` of decoded bytes."""
-        if panel.nbytes > staged.nbytes:
-            raise ValueError(f"{panel.nbytes} compressed bytes staged in {staged.nbytes}")
-        itemsize = np.dtype(panel.dtype).itemsize
-        decoded = sum(p.shape[0] * p.shape[1] * itemsize for p in panel.pieces)
-        self._submit(stream, "h2d", "copy_compressed", panel.nbytes)
-        self._submit(stream, "compute", "decode", decoded, self.decode_bytes_per_second)
-        return None
+    def decoder(self, stream: Stream) -> EmulatedDecoder:
+        return EmulatedDecoder(self, stream)
 
     # --- measuring ----------------------------------------------------------------------------
 
@@ -293,6 +283,23 @@ class EmulatedDevice:
     def _free(self, nbytes: int) -> None:
         with self._cond:
             self.memory_in_use -= nbytes
+
+
+class EmulatedDecoder:
+    """The compressed bytes over the copy engine, then decoding on the compute engine (as
+    nvCOMP's kernels share the GPU with the gemms) at ``decode_gbps`` of decoded bytes."""
+
+    def __init__(self, device: EmulatedDevice, stream: Stream) -> None:
+        self.device, self.stream = device, stream
+
+    def decode_into(self, staged: NDArray[Any], panel: CompressedPanel, dev: DeviceBuffer) -> None:
+        if panel.nbytes > staged.nbytes:
+            raise ValueError(f"{panel.nbytes} compressed bytes staged in {staged.nbytes}")
+        itemsize = np.dtype(panel.dtype).itemsize
+        decoded = sum(p.shape[0] * p.shape[1] * itemsize for p in panel.pieces)
+        device, stream = self.device, self.stream
+        device._submit(stream, "h2d", "copy_compressed", panel.nbytes)
+        device._submit(stream, "compute", "decode", decoded, device.decode_bytes_per_second)
 
 
 def _check_same(host: NDArray[Any], dev: DeviceBuffer) -> None:

@@ -26,7 +26,7 @@ from numpy.typing import DTypeLike, NDArray
 
 from kernels.device.buffers import ArraySpec, BufferPool, Lease
 from kernels.device.decode import CompressedPanel
-from kernels.device.interface import Device, Event, Stream
+from kernels.device.interface import Decoder, Device, Event, Stream
 
 Fill = Callable[[NDArray[Any]], int | None | CompressedPanel]
 """Writes a decoded panel into the given host array; returns the bytes it decoded (None: the
@@ -110,6 +110,9 @@ class StagedProduct:
         self.streams = _Streams(device.stream(), device.stream(), device.stream())
         # Zeroed on the compute stream, so every gemm is ordered after it.
         self.acc = device.zeros(self.shape, self.dtype, self.streams.compute)
+        self.panel_decoder: Decoder | None = None
+        """Made on the first compressed panel (--gpu-decode) and kept: one codec, reused
+        device buffers (kernels.device.decode)."""
 
     def run(
         self,
@@ -219,7 +222,7 @@ class _Run:
         for host, dev, filled in ((a, slot.a, got[0]), (b, slot.b, got[1])):
             if isinstance(filled, CompressedPanel):  # decoded on the device
                 staged = host.reshape(-1).view(np.uint8)
-                keep.append(self.device.decode_into(staged, filled, dev, self.streams.h2d))
+                keep.append(self.decoder().decode_into(staged, filled, dev))
                 self.stats.bytes_h2d += filled.nbytes
             else:
                 self.device.copy_to_device(host, dev, self.streams.h2d)
@@ -229,6 +232,12 @@ class _Run:
         self.copying.append((copied, item.lease, keep))
         self.current = None
         return slot
+
+    def decoder(self) -> Decoder:
+        """The engine's one decoder, made at its first compressed panel."""
+        if self.engine.panel_decoder is None:
+            self.engine.panel_decoder = self.device.decoder(self.streams.h2d)
+        return self.engine.panel_decoder
 
     def bands(self, slot: _Slot | None, finished: Finished, bands: list[tuple[int, int]]) -> None:
         """The last panel band by band: band i+1 computes while band i is copied back and

@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from kernels.device.allocators import Allocator, pinned_allocator
-from kernels.device.decode import CompressedPanel, decode_on_device
+from kernels.device.decode import PanelDecoder
 from kernels.device.interface import DeviceArray, Event, Stream
 from kernels.panels import band_rows, check_panels
 
@@ -98,10 +98,8 @@ class NumbaDevice:
         end.record(stream)
         self.kernel_events.append((start, end))
 
-    def decode_into(
-        self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
-    ) -> object:
-        return decode_on_device(staged, panel, dev, stream)
+    def decoder(self, stream: Stream) -> PanelDecoder:
+        return PanelDecoder(stream)
 
     def kernel_seconds(self) -> float:
         """Device time of the kernels launched while ``record_kernels`` was on (CUDA events;

@@ -68,9 +68,15 @@ class Device(Protocol):
         """Queue ``acc += a @ b``; with ``rows=(r0, r1)`` only ``acc[r0:r1]``, ``a`` holding
         just those rows."""
 
+    def decoder(self, stream: Stream) -> Decoder:
+        """A decoder of compressed panels whose work is queued on ``stream``: an engine makes
+        one and keeps it (its codec and device buffers are reused panel after panel)."""
+
+
+class Decoder(Protocol):
     def decode_into(
-        self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray, stream: Stream
+        self, staged: NDArray[np.uint8], panel: CompressedPanel, dev: DeviceArray
     ) -> object:
         """Queue: copy ``panel``'s compressed chunks (the start of ``staged``) to the device,
-        decode them there and place them into ``dev`` (kernels.device.decode). Returns what
-        the queued work reads: hold it until the stream has passed this point."""
+        decode them there and place them into ``dev`` (kernels.device.decode), with no host
+        wait. Returns what the queued work reads: hold it until the stream has passed."""

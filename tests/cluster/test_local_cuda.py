@@ -54,10 +54,10 @@ def cuda_client() -> Iterator[Client]:
 
 def _count_calls(method: str) -> None:
     """Run on each worker: count the calls of ``NumbaDevice.<method>`` (gemm: the staged
-    engine's kernel launches; decode_into: panels decoded on the device)."""
-    from kernels.device.gpu import NumbaDevice
-
-    original = getattr(NumbaDevice, method)
+    engine's kernel launches), or of ``PanelDecoder.decode_into`` (panels decoded on the
+    device)."""
+    owner = _owner(method)
+    original = getattr(owner, method)
     original = getattr(original, "__wrapped__", original)
 
     @functools.wraps(original)
@@ -66,13 +66,18 @@ def _count_calls(method: str) -> None:
         return original(self, *args, **kwargs)
 
     counted.calls = 0  # type: ignore[attr-defined]
-    setattr(NumbaDevice, method, counted)
+    setattr(owner, method, counted)
 
 
 def _calls_counted(method: str) -> int:
+    return int(getattr(getattr(_owner(method), method), "calls", 0))
+
+
+def _owner(method: str) -> Any:
+    from kernels.device.decode import PanelDecoder
     from kernels.device.gpu import NumbaDevice
 
-    return int(getattr(getattr(NumbaDevice, method), "calls", 0))
+    return PanelDecoder if method == "decode_into" else NumbaDevice
 
 
 # Pickled by value: the workers need not import this test module (nor pytest).

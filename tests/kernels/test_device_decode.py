@@ -114,7 +114,7 @@ def test_decoded_on_the_device_equals_zarr(
     device = NumbaDevice()
     stream = device.stream()
     dev = device.empty(expected.shape, compute)
-    device.decode_into(staged, panel, dev, stream)
+    device.decoder(stream).decode_into(staged, panel, dev)
     got = np.full(expected.shape, np.nan, compute)
     device.copy_to_host(dev, got, stream)
     stream.synchronize()
@@ -163,7 +163,7 @@ def test_emulated_decode_takes_the_compute_engine(tmp_path: Path) -> None:
     assert panel is not None
     with EmulatedDevice(1.0, 1e-4, decode_gbps=1e-4) as device:  # 0.1 MB/s: visible times
         stream = device.stream()
-        device.decode_into(staged, panel, device.empty((37, 29), "f4"), stream)
+        device.decoder(stream).decode_into(staged, panel, device.empty((37, 29), "f4"))
         stream.synchronize()
         copy, decode = device.timeline
     assert (copy.engine, copy.amount) == ("h2d", panel.nbytes)
