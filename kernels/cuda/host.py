@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.constants import MAX_DIM
-from kernels.cuda import blocked, tiled
+from kernels.cuda import blocked, tf32, tiled
 from kernels.cuda.launch import LaunchConfig, tiled_launch
 from kernels.cuda.toolkit import check_link
 from kernels.panels import band_rows, check_panels
@@ -38,6 +38,16 @@ class KernelVariant:
     """True for the one variant the cuda backend uses for this dtype."""
     launch_bounds: tuple[int, int] | None = None
     """(max threads per block, min blocks per SM) for cuda.jit / compile_ptx; caps registers."""
+    precision: str = "fp32"
+    """What its products are computed in: "fp32"/"fp64" (the dtype's own), "tf32", "3xtf32"."""
+    hmma_per_k_tile: int | None = None
+    """Tensor-core variants: mma.sync per warp per K tile, as designed (the static gate's
+    count); None for the FFMA/DFMA kernels."""
+
+    @property
+    def simulable(self) -> bool:
+        """False for inline PTX (the tensor-core variants), which numba's simulator cannot run."""
+        return self.hmma_per_k_tile is None
 
 
 def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
@@ -49,6 +59,7 @@ def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
         make_kernel=lambda: tiled.make_tiled_kernel(dt),
         launch=lambda m, n: tiled_launch(m, n, tiled.TILE),
         default=default,
+        precision=native_precision(dt),
     )
 
 
@@ -60,7 +71,26 @@ def _blocked_variant(spec: blocked.BlockedSpec, default: bool) -> KernelVariant:
         launch=lambda m, n: blocked.launch_for(spec, m, n),
         default=default,
         launch_bounds=spec.launch_bounds,
+        precision=native_precision(np.dtype(spec.dtype)),
     )
+
+
+def _mma_variant(spec: tf32.MmaSpec) -> KernelVariant:
+    return KernelVariant(
+        name=f"mma_{spec.precision}",
+        dtype=np.dtype(np.float32),
+        make_kernel=lambda: tf32.make_mma_kernel(spec),
+        launch=lambda m, n: tf32.launch_for(spec, m, n),
+        default=False,
+        launch_bounds=spec.launch_bounds,
+        precision=spec.precision,
+        hmma_per_k_tile=spec.mma_per_k_tile,
+    )
+
+
+def native_precision(dtype: np.dtype) -> str:
+    """The precision a dtype's FMA kernels compute in: "fp32" or "fp64"."""
+    return "fp64" if dtype == np.float64 else "fp32"
 
 
 VARIANTS: dict[str, KernelVariant] = {
@@ -70,6 +100,7 @@ VARIANTS: dict[str, KernelVariant] = {
         _tiled_variant(np.float64, default=False),
         _blocked_variant(blocked.F32_SPEC, default=True),
         _blocked_variant(blocked.F64_SPEC, default=True),
+        *(_mma_variant(spec) for spec in tf32.SPECS.values()),
     )
 }
 
@@ -118,10 +149,19 @@ def jit_kernel(kernel: Callable[..., None], launch_bounds: tuple[int, int] | Non
     return cuda.jit(kernel, launch_bounds=launch_bounds)
 
 
-def select_variant(name: str | None, dtype: np.dtype) -> KernelVariant:
-    """The named variant (checked against ``dtype``), or the default one for ``dtype``."""
-    if name is None:
+def select_variant(name: str | None, dtype: np.dtype, precision: str = "fp32") -> KernelVariant:
+    """The named variant (checked against ``dtype``), or the one for ``dtype`` at ``precision``:
+    the default at fp32 (fp64 for float64 is the same), else the tensor-core variant."""
+    if name is None and precision in ("fp32", native_precision(np.dtype(dtype))):
         return default_variant(dtype)
+    if name is None:
+        found = [v for v in VARIANTS.values() if v.precision == precision and v.dtype == dtype]
+        if not found:
+            raise TypeError(
+                f"precision {precision!r} needs float32 data, got {np.dtype(dtype)}; "
+                "use --precision fp32, or --dtype float32"
+            )
+        return found[0]
     if name not in VARIANTS:
         raise ValueError(f"unknown CUDA kernel variant {name!r}; choose from {sorted(VARIANTS)}")
     variant = VARIANTS[name]
@@ -136,6 +176,11 @@ def select_variant(name: str | None, dtype: np.dtype) -> KernelVariant:
 def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any = 0) -> None:
     """``c += a @ b`` on device arrays, queued on ``stream``; nothing for an empty product (a
     launch with an empty grid is an error)."""
+    if simulated() and not variant.simulable:
+        raise RuntimeError(
+            f"kernel {variant.name} ({variant.precision}) runs inline PTX, which numba's CUDA "
+            "simulator cannot run; use precision fp32 there, or run on a GPU"
+        )
     if c.shape[0] == 0 or c.shape[1] == 0 or a.shape[1] == 0:
         return
     kernel = jit_kernel(variant.make_kernel(), variant.launch_bounds)

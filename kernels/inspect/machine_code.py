@@ -15,7 +15,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from kernels.inspect.sass import analyse, check_targets
+from kernels.inspect.sass import (
+    MmaTargets,
+    analyse,
+    blocks_per_sm,
+    check_mma_targets,
+    check_targets,
+)
 
 # --- compiling (needs numba-cuda and the CUDA wheels, no GPU) ----------------------------------
 
@@ -79,17 +85,29 @@ def inspect_kernel(
     ptx_dir: Path,
     launch_bounds: Any = None,
     default: bool = False,
+    precision: str = "fp32",
+    hmma_per_k_tile: int | None = None,
 ) -> dict[str, Any]:
-    """Compile, assemble and disassemble one kernel; its report as a flat dict."""
+    """Compile, assemble and disassemble one kernel; its report as a flat dict. A tensor-core
+    kernel (``hmma_per_k_tile`` given) is held to its own targets (sass.MmaTargets)."""
     arch = f"sm_{cc[0]}{cc[1]}"
     ptx = ptx_dir / f"{name}.{arch}.ptx"
     ptx.write_text(compile_kernel_ptx(kernel, dtype, cc, launch_bounds))
     cubin = ptx.with_suffix(".cubin")
     info = _run([str(find_tool("ptxas")), "-v", f"-arch={arch}", str(ptx), "-o", str(cubin)])
     sass = _run([str(find_tool("cuobjdump")), "-sass", str(cubin)])
-    report = {"name": name, "dtype": dtype, "default": default, "ptx": str(ptx), "cc": arch}
-    report.update(analyse(info, sass, dtype))
-    report["targets_missed"] = check_targets(report)
+    report: dict[str, Any] = {"name": name, "dtype": dtype, "default": default}
+    report.update({"precision": precision, "ptx": str(ptx), "cc": arch})
+    report.update(analyse(info, sass, dtype, precision))
+    threads = launch_bounds[0] if launch_bounds else None
+    report["blocks_per_sm"] = (
+        blocks_per_sm(report["regs"], report["shared_bytes"], threads) if threads else None
+    )
+    report["hmma_per_k_tile"] = hmma_per_k_tile
+    if hmma_per_k_tile is None:
+        report["targets_missed"] = check_targets(report)
+    else:
+        report["targets_missed"] = check_mma_targets(report, MmaTargets(hmma_per_k_tile))
     return report
 
 
@@ -100,7 +118,15 @@ def inspect_variants(cc: tuple[int, int], ptx_dir: Path) -> list[dict[str, Any]]
     ptx_dir.mkdir(parents=True, exist_ok=True)
     return [
         inspect_kernel(
-            v.name, v.dtype.name, v.make_kernel(), cc, ptx_dir, v.launch_bounds, v.default
+            v.name,
+            v.dtype.name,
+            v.make_kernel(),
+            cc,
+            ptx_dir,
+            v.launch_bounds,
+            v.default,
+            v.precision,
+            v.hmma_per_k_tile,
         )
         for v in VARIANTS.values()
     ]
@@ -114,7 +140,10 @@ _COLUMNS = [
     ("spill", lambda r: r["spill_bytes"]),
     ("local", lambda r: r["local_bytes"]),
     ("smem", lambda r: r["shared_bytes"]),
+    ("prec", lambda r: r.get("precision", "-")),
     ("fma", lambda r: r.get("ffma", r.get("dfma"))),
+    ("hmma", lambda r: r.get("hmma", "-")),
+    ("blk/SM", lambda r: "-" if r.get("blocks_per_sm") is None else r["blocks_per_sm"]),
     ("lds32", lambda r: r["lds32"]),
     ("lds64", lambda r: r["lds64"]),
     ("lds128", lambda r: r["lds128"]),
@@ -136,8 +165,10 @@ def format_table(reports: Sequence[dict[str, Any]]) -> str:
         for row in rows
     ]
     lines.append(
-        "fma: FFMA (float32) or DFMA (float64) in the hottest loop, whose length is `loop`; "
-        "* = default; targets: the default's static goals"
+        "fma: FFMA (float32) or DFMA (float64) in the hottest loop (the one with most HMMA for "
+        "tf32/3xtf32), whose length is `loop`; hmma: HMMA there (per K tile); blk/SM: resident "
+        "blocks per sm_90 SM by registers and shared memory; * = default at fp32; targets: the "
+        "static goals (the FMA kernels': the defaults'; tensor cores': sass.MmaTargets)"
     )
     if reports:
         lines.append(f"PTX and cubins in {Path(reports[0]['ptx']).parent}")

@@ -15,7 +15,8 @@ from typing import Any
 class Instruction:
     address: int
     opcode: str
-    """Full opcode with modifiers, e.g. "LDS.128"; the predicate is dropped."""
+    """Full opcode with modifiers, e.g. "LDS.128" or "DMMA.16x8x4" (modifiers may hold lower
+    case); the predicate is dropped."""
     operands: str
 
 
@@ -28,9 +29,10 @@ class Loop:
 
 
 _SASS_LINE = re.compile(
-    r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?(?P<op>[A-Z][A-Z0-9_.]*)(?P<rest>[^;]*);"
+    r"^\s*/\*(?P<addr>[0-9a-f]{4,})\*/\s+(?:@!?U?P[T0-9]\s+)?(?P<op>[A-Z][A-Za-z0-9_.]*)(?P<rest>[^;]*);"
 )
 _BRANCHES = ("BRA", "JMP")
+TENSOR_PRECISIONS = ("tf32", "3xtf32")
 _FP64_OPS = {"DADD", "DMUL", "DFMA", "DSETP", "DSET", "DMNMX", "DMMA"}
 
 
@@ -138,11 +140,16 @@ def parse_ptxas_info(text: str) -> dict[str, int]:
     }
 
 
-def analyse(ptxas_text: str, sass_text: str, dtype: str) -> dict[str, Any]:
-    """All reported numbers for one kernel from its ptxas -v and SASS text."""
+def analyse(
+    ptxas_text: str, sass_text: str, dtype: str, precision: str | None = None
+) -> dict[str, Any]:
+    """All reported numbers for one kernel from its ptxas -v and SASS text. The hottest loop is
+    the one with the most HMMA for a tensor-core kernel (``precision`` tf32 or 3xtf32), else
+    the most FFMA (float32) or DFMA (float64)."""
     fma = "FFMA" if dtype == "float32" else "DFMA"
+    hot = "HMMA" if precision in TENSOR_PRECISIONS else fma
     instructions = parse_sass(sass_text)
-    loop = hottest_loop(instructions, fma)
+    loop = hottest_loop(instructions, hot)
     body = loop_body(instructions, loop) if loop else []
     report: dict[str, Any] = parse_ptxas_info(ptxas_text)
     report["local_instructions"] = sum(
@@ -150,10 +157,31 @@ def analyse(ptxas_text: str, sass_text: str, dtype: str) -> dict[str, Any]:
     )
     report["loop"] = f"{loop.start:#06x}-{loop.end:#06x}" if loop else None
     report.update(count_loop(body, fma))
+    report["hmma"] = sum(i.opcode.split(".")[0] == "HMMA" for i in body)
     report["fp64_instructions"] = (
         sum(is_fp64(i.opcode) for i in instructions) if dtype == "float32" else None
     )
     return report
+
+
+# Per-SM limits of sm_90 (H100), CUDA occupancy calculator's numbers.
+SM_REGISTERS = 65536
+REGISTER_UNIT = 256
+"""Registers are given to a warp in units of 256."""
+SM_SHARED_BYTES = 233472
+"""228 KiB of shared memory per SM, of which each block also reserves BLOCK_RESERVED_BYTES."""
+BLOCK_RESERVED_BYTES = 1024
+SM_THREADS = 2048
+SM_BLOCKS = 32
+
+
+def blocks_per_sm(regs: int, shared_bytes: int, threads: int) -> int:
+    """Resident blocks per SM of sm_90 allowed by registers, shared memory and threads."""
+    warps = -(-threads // 32)
+    per_warp = -(-max(regs, 1) * 32 // REGISTER_UNIT) * REGISTER_UNIT
+    by_regs = (SM_REGISTERS // per_warp) // warps
+    by_shared = SM_SHARED_BYTES // (shared_bytes + BLOCK_RESERVED_BYTES)
+    return min(by_regs, by_shared, SM_THREADS // threads, SM_BLOCKS)
 
 
 # --- targets -----------------------------------------------------------------------------------
@@ -205,6 +233,45 @@ def check_targets(report: dict[str, Any]) -> list[str]:
             report["lds128"] > 0 and report["lds32"] == report["lds64"] == 0,
             f"shared loads not all 128-bit ({report['lds32']} x32, {report['lds64']} x64)",
         ),
+        (not report["fp64_instructions"], f"{report['fp64_instructions']} FP64 instructions"),
+    ]
+    return [message for ok, message in checks if not ok]
+
+
+@dataclass(frozen=True)
+class MmaTargets:
+    """Static goals of a tensor-core kernel (issue 21)."""
+
+    hmma_per_k_tile: int
+    """HMMA a warp issues per K tile: the design's mma count (3xtf32 = 3 x tf32 per k-step)."""
+    max_regs: int = 255
+    min_blocks_per_sm: int = 2
+    max_shared_bytes: int = 48 * 1024
+
+
+def check_mma_targets(report: dict[str, Any], t: MmaTargets) -> list[str]:
+    """What a tensor-core kernel's report misses (empty list: all met). ``report`` needs
+    ``blocks_per_sm`` besides analyse's numbers."""
+    checks = [
+        (report["spill_bytes"] == 0, f"spills {report['spill_bytes']} bytes"),
+        (
+            report["local_bytes"] == 0 and report["local_instructions"] == 0,
+            f"local memory ({report['local_bytes']} bytes, {report['local_instructions']} LDL/STL)",
+        ),
+        (report["regs"] <= t.max_regs, f"{report['regs']} registers > {t.max_regs}"),
+        (
+            report["blocks_per_sm"] >= t.min_blocks_per_sm,
+            f"{report['blocks_per_sm']} blocks per SM < {t.min_blocks_per_sm}",
+        ),
+        (
+            report["shared_bytes"] <= t.max_shared_bytes,
+            f"{report['shared_bytes']} bytes shared > {t.max_shared_bytes}",
+        ),
+        (
+            report["hmma"] == t.hmma_per_k_tile,
+            f"{report['hmma']} HMMA in the hot loop != {t.hmma_per_k_tile} per K tile designed",
+        ),
+        (report["ffma"] == 0, f"{report['ffma']} FFMA in the hot loop (an FP32 main loop)"),
         (not report["fp64_instructions"], f"{report['fp64_instructions']} FP64 instructions"),
     ]
     return [message for ok, message in checks if not ok]

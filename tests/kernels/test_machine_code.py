@@ -94,6 +94,44 @@ def test_default_kernel_meets_static_targets(reports: dict[str, Any], dtype: str
         assert r["fp64_instructions"] == 0, context
 
 
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+def test_tensor_core_kernels_meet_their_targets(reports: dict[str, Any], precision: str) -> None:
+    """Issue 21's static gate: HMMA in the hot loop as designed, no FFMA main loop, no spills
+    or local memory, <= 255 registers and >= 2 blocks per SM by ptxas's numbers."""
+    from kernels.cuda.tf32 import SPECS
+
+    spec = SPECS[precision]
+    r = reports[f"mma_{precision}"]
+    context = f"{r['name']} on {ki.toolchain_versions()}: {r}"
+    assert r["precision"] == precision and r["dtype"] == "float32" and not r["default"], context
+    assert r["targets_missed"] == [], context
+    assert r["hmma"] == r["hmma_per_k_tile"] == spec.mma_per_k_tile, context
+    assert r["ffma"] == 0 and r["spill_bytes"] == 0 and r["local_instructions"] == 0, context
+    assert r["regs"] <= 255 and r["blocks_per_sm"] >= 2, context
+    assert r["shared_bytes"] == spec.shared_bytes, context
+    assert "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32" in Path(r["ptx"]).read_text()
+
+
+def test_3xtf32_issues_three_times_the_hmma_per_k_step(reports: dict[str, Any]) -> None:
+    from kernels.cuda.tf32 import SPECS
+
+    per_step = {p: reports[f"mma_{p}"]["hmma"] // SPECS[p].k_steps for p in SPECS}
+    assert per_step == {"tf32": 16, "3xtf32": 48}
+
+
+def test_every_variant_states_its_precision(reports: dict[str, Any]) -> None:
+    from kernels.cuda.host import VARIANTS
+
+    assert {n: reports[n]["precision"] for n in VARIANTS} == {
+        "tiled_float32": "fp32",
+        "tiled_float64": "fp64",
+        "blocked_float32": "fp32",
+        "blocked_float64": "fp64",
+        "mma_tf32": "tf32",
+        "mma_3xtf32": "3xtf32",
+    }
+
+
 def test_default_ptx_assembles_independently(reports: dict[str, Any]) -> None:
     """Re-assemble the written PTX here and re-derive the numbers from text."""
     (r,) = (r for r in _defaults(reports) if r["dtype"] == "float32")
@@ -257,6 +295,63 @@ def test_parse_ptxas_info() -> None:
         "shared_bytes": 16640,
         "local_bytes": 16,
     }
+
+
+def test_parse_sass_keeps_lower_case_opcode_parts() -> None:
+    text = """
+        /*0100*/                   DMMA.16x8x4 R8, R2, R4, R8 ;   /* 0x0000000402087e3f */
+        /*0110*/              @!P0 HMMA.1688.F32.TF32 R12, R8, R6, R12 ;  /* 0x00000006080c723c */
+"""
+    ins = sass.parse_sass(text)
+    assert [i.opcode for i in ins] == ["DMMA.16x8x4", "HMMA.1688.F32.TF32"]
+    assert sass.is_fp64(ins[0].opcode)
+
+
+def test_analyse_finds_the_hmma_loop_for_tensor_precisions() -> None:
+    text = SASS.replace("FFMA R9, R6, R7, R9", "HMMA.1688.F32.TF32 R12, R8, R6, R12").replace(
+        "/*0060*/                   FFMA", "/*0060*/                   HMMA.1688.F32.TF32"
+    )
+    assert sass.analyse("", text, "float32")["loop"] == "0x0010-0x0040"  # FFMA: 1 against 0
+    tensor = sass.analyse("", text, "float32", "tf32")
+    assert tensor["loop"] == "0x0010-0x0040" and tensor["hmma"] == 1  # 1 HMMA each: shorter
+
+
+@pytest.mark.parametrize(
+    ("regs", "shared", "threads", "blocks"),
+    [
+        (128, 16640, 256, 2),  # 128 x 256 = 32768 registers per block
+        (130, 16640, 256, 1),  # rounds up to 136 per thread: 2 blocks need 69632 > 65536
+        (32, 100_000, 128, 2),  # shared memory: 2 x (100000 + 1024) <= 233472
+        (16, 0, 1024, 2),  # threads: 2048 per SM
+        (8, 0, 32, 32),  # the block limit
+    ],
+)
+def test_blocks_per_sm(regs: int, shared: int, threads: int, blocks: int) -> None:
+    assert sass.blocks_per_sm(regs, shared, threads) == blocks
+
+
+def _mma_report(**changes: Any) -> dict[str, Any]:
+    base = {"regs": 126, "spill_bytes": 0, "local_bytes": 0, "local_instructions": 0}
+    base |= {"blocks_per_sm": 2, "shared_bytes": 37888, "hmma": 32, "ffma": 0}
+    return base | {"fp64_instructions": 0} | changes
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({}, None),
+        ({"hmma": 16}, "16 HMMA in the hot loop != 32 per K tile designed"),
+        ({"ffma": 64}, "64 FFMA in the hot loop"),
+        ({"blocks_per_sm": 1}, "1 blocks per SM < 2"),
+        ({"regs": 256}, "256 registers > 255"),
+        ({"spill_bytes": 4}, "spills 4 bytes"),
+        ({"local_bytes": 8}, "local memory"),
+        ({"shared_bytes": 60_000}, "60000 bytes shared > 49152"),
+    ],
+)
+def test_check_mma_targets(changes: dict[str, Any], message: str | None) -> None:
+    missed = sass.check_mma_targets(_mma_report(**changes), sass.MmaTargets(32))
+    assert len(missed) == (0 if message is None else 1) and all(message in m for m in missed)
 
 
 def test_analyse_counts_fp64_only_for_float32() -> None:

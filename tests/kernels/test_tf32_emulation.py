@@ -1,0 +1,272 @@
+"""The tensor-core kernels without a GPU: the PTX fragment layout, TF32 rounding and the 3xTF32
+split in NumPy, and the generated kernel source run in the simulator with the two PTX
+intrinsics emulated (tests/kernels/tf32_emulation.py), against the exact emulation.
+
+Accuracy of the emulation against float64, 256 x 256 outputs, A and B uniform in [-1, 1],
+seed 0: normwise ||C - AB||_F / ||AB||_F and worst max|C - AB| / max|AB| (test_accuracy_at_k
+prints them):
+
+    K      numpy float32      fp32 K-order       tf32               3xtf32
+    512    2.9e-07 / 4.8e-07  4.1e-07 / 9.1e-07  2.6e-04 / 2.6e-04  2.6e-07 / 5.0e-07
+    4096   3.7e-07 / 5.1e-07  1.1e-06 / 2.5e-06  2.6e-04 / 2.7e-04  7.1e-07 / 1.5e-06
+
+TF32 stays at ~2^-12 whatever K (its rounding of A and B). 3xTF32 is float32-class: normwise
+within 2x numpy's, worst element 3x numpy's at K = 4096 but better than our fp32 kernel's
+(one float32 accumulator per element summed in K order, where OpenBLAS blocks its sums).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+import pytest
+
+from kernels.cuda import mma_source, tf32
+from kernels.cuda.mma_spec import TF32_SPEC, X3_SPEC, MmaSpec, a_fragment, b_fragment, c_fragment
+from tests.helpers import assert_product
+from tests.kernels.tf32_emulation import (
+    emulate_product,
+    round_tf32,
+    simulator_intrinsics,
+    split_3xtf32,
+)
+
+# --- the PTX ISA's m16n8k8 .tf32 layout ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("lane", "a_regs", "b_regs", "c_regs"),
+    [
+        # PTX ISA figures "MMA .m16n8k8 fragment layout" (.tf32 A, B; .f32 C/D)
+        (0, [(0, 0), (8, 0), (0, 4), (8, 4)], [(0, 0), (4, 0)], [(0, 0), (0, 1), (8, 0), (8, 1)]),
+        (1, [(0, 1), (8, 1), (0, 5), (8, 5)], [(1, 0), (5, 0)], [(0, 2), (0, 3), (8, 2), (8, 3)]),
+        (5, [(1, 1), (9, 1), (1, 5), (9, 5)], [(1, 1), (5, 1)], [(1, 2), (1, 3), (9, 2), (9, 3)]),
+        (
+            31,
+            [(7, 3), (15, 3), (7, 7), (15, 7)],
+            [(3, 7), (7, 7)],
+            [(7, 6), (7, 7), (15, 6), (15, 7)],
+        ),
+    ],
+)
+def test_fragment_maps_follow_the_ptx_isa(lane, a_regs, b_regs, c_regs) -> None:  # type: ignore[no-untyped-def]
+    assert [a_fragment(lane, r) for r in range(4)] == a_regs
+    assert [b_fragment(lane, r) for r in range(2)] == b_regs
+    assert [c_fragment(lane, r) for r in range(4)] == c_regs
+
+
+@pytest.mark.parametrize(
+    ("fragment", "regs", "shape"),
+    [(a_fragment, 4, (16, 8)), (b_fragment, 2, (8, 8)), (c_fragment, 4, (16, 8))],
+)
+def test_each_fragment_covers_its_tile_once(fragment, regs, shape) -> None:  # type: ignore[no-untyped-def]
+    cells = [fragment(lane, r) for lane in range(32) for r in range(regs)]
+    assert sorted(cells) == [(i, j) for i in range(shape[0]) for j in range(shape[1])]
+
+
+@pytest.mark.parametrize("spec", [TF32_SPEC, X3_SPEC])
+def test_fragment_offsets_do_not_depend_on_the_lane(spec: MmaSpec) -> None:
+    """The kernel adds one constant per register to the lane's base (fa, fb): true for every
+    lane, and each warp-wide fragment load hits 32 distinct banks (no conflicts)."""
+    for lane in range(32):
+        (ga, ta), (gb, tb) = a_fragment(lane, 0), b_fragment(lane, 0)
+        for r, off in enumerate(mma_source.a_offsets(spec)):
+            row, col = a_fragment(lane, r)
+            assert row * spec.a_pitch + col == ga * spec.a_pitch + ta + off
+        for r, off in enumerate(mma_source.b_offsets(spec)):
+            row, col = b_fragment(lane, r)
+            assert row * spec.b_pitch + col == gb * spec.b_pitch + tb + off
+    for r in range(4):
+        banks = {
+            (lambda p: p[0] * spec.a_pitch + p[1])(a_fragment(lane, r)) % 32 for lane in range(32)
+        }
+        assert len(banks) == 32
+    for r in range(2):
+        banks = {
+            (lambda p: p[0] * spec.b_pitch + p[1])(b_fragment(lane, r)) % 32 for lane in range(32)
+        }
+        assert len(banks) == 32
+
+
+# --- rounding and the split ---------------------------------------------------------------------
+
+
+def _rna_reference(x: float) -> float:
+    """Round to 11 significant bits, ties away from zero, by float arithmetic (not bits)."""
+    if x == 0:
+        return x
+    mantissa, exponent = math.frexp(x)  # x = mantissa * 2**exponent, 0.5 <= |mantissa| < 1
+    scaled = abs(mantissa) * 2**11
+    return math.copysign(math.floor(scaled + 0.5), x) * 2.0 ** (exponent - 11)
+
+
+def test_round_tf32_is_nearest_ties_away() -> None:
+    one = 1.0
+    ulp = 2.0**-10  # TF32's spacing at 1
+    cases = [
+        one + ulp / 2,
+        one + 3 * ulp / 2,
+        -(one + ulp / 2),
+        one + ulp / 2 - 2**-23,
+        3.0e-30,
+        -7.25e12,
+    ]
+    rng = np.random.default_rng(1)
+    cases += list(rng.standard_normal(2000) * 10.0 ** rng.integers(-30, 30, 2000))
+    xs = np.array(cases, np.float32)
+    want = np.array([_rna_reference(float(x)) for x in xs], np.float32)
+    np.testing.assert_array_equal(round_tf32(xs), want)
+    assert round_tf32(np.float32(one + ulp / 2)) == one + ulp  # a tie goes away from zero
+    assert round_tf32(np.float32(-(one + ulp / 2))) == -(one + ulp)
+    assert (round_tf32(xs).view(np.uint32) & 0x1FFF == 0).all()
+
+
+@pytest.mark.parametrize("k", [1, 2, 8, 64])
+def test_3xtf32_tolerance_is_four_float32_units(k: int) -> None:
+    """One 3xTF32 product loses up to ~7 u32 (each operand keeps 22 bits, small.small is
+    dropped): beyond float32's own bound at K = 1 and 2, within the 3xtf32 bound (u = 2^-22)."""
+    from tests.helpers import product_error_bound
+
+    rng = np.random.default_rng(3)
+    a = rng.uniform(-1, 1, (300, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, 300)).astype(np.float32)
+    got = emulate_product(a, b, "3xtf32")
+    error = np.abs(got - a.astype(np.float64) @ b.astype(np.float64))
+    assert_product(got, a, b, precision="3xtf32")
+    over_fp32 = (error > product_error_bound(a, b, np.float32, "fp32")).any()
+    assert over_fp32 == (k <= 2)
+
+
+def test_split_keeps_float32_accuracy() -> None:
+    """big + small recovers x to 2^-22 relative (float32 has 2^-24); big alone to 2^-11."""
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(100_000) * 10.0 ** rng.integers(-20, 20, 100_000)).astype(np.float32)
+    big, small = split_3xtf32(x)
+    wide = x.astype(np.float64)
+    assert (np.abs(wide - big) <= 2.0**-11 * np.abs(wide)).all()
+    err = np.abs(wide - big.astype(np.float64) - small.astype(np.float64))
+    assert (err <= 2.0**-22 * np.abs(wide)).all()
+    assert (err > 2.0**-30 * np.abs(wide)).any()  # small really is rounded: not an exact split
+
+
+# --- accuracy of the emulated kernel -------------------------------------------------------------
+
+
+def _k_order_fp32(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """What our fp32 kernels do: one float32 accumulator per element, an FMA per k in K order
+    (product exact in float64, one rounding of the sum)."""
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for s in range(a.shape[1]):
+        acc = (acc + np.outer(a[:, s].astype(np.float64), b[s])).astype(np.float32)
+    return acc
+
+
+def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
+    """(normwise ||C - AB||_F / ||AB||_F, worst max|C - AB| / max|AB|)."""
+    diff = got - want
+    return (
+        float(np.linalg.norm(diff) / np.linalg.norm(want)),
+        float(np.abs(diff).max() / np.abs(want).max()),
+    )
+
+
+@pytest.mark.parametrize("k", [512, 4096])
+def test_accuracy_at_k(k: int) -> None:
+    """The module docstring's table. 3xTF32 is float32-class: normwise within 2x numpy's float32
+    matmul, worst element no worse than our fp32 kernel's K-order sum; TF32 normwise within
+    2^-10 (both operands rounded to u = 2^-11) and within the helpers' TF32 bound."""
+    rng = np.random.default_rng(0)
+    a = rng.uniform(-1, 1, (256, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, 256)).astype(np.float32)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    products = {
+        "numpy": a @ b,
+        "fp32 K-order": _k_order_fp32(a, b),
+        "tf32": emulate_product(a, b, "tf32"),
+        "3xtf32": emulate_product(a, b, "3xtf32"),
+    }
+    errors = {name: _errors(got, want) for name, got in products.items()}
+    print(f"K={k}: " + ", ".join(f"{n} {e[0]:.2g} / {e[1]:.2g}" for n, e in errors.items()))
+    assert errors["3xtf32"][0] <= 2 * errors["numpy"][0]
+    assert errors["3xtf32"][1] <= errors["fp32 K-order"][1]
+    assert errors["tf32"][0] <= 2.0**-10
+    assert errors["tf32"][0] > 100 * errors["numpy"][0]  # TF32 really is coarser
+    assert_product(products["tf32"], a, b, precision="tf32")
+    assert_product(products["3xtf32"], a, b, precision="3xtf32")
+
+
+# --- the generated kernel in the simulator, intrinsics emulated ---------------------------------
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+SMALL = {
+    # 2 warps of 16 x 32: one m-tile, four n-tiles, two k-steps per 16-wide K tile
+    "tf32": MmaSpec("tf32", block_m=32, block_n=32, block_k=16, warps_m=2, warps_n=1),
+    "3xtf32": MmaSpec("3xtf32", block_m=32, block_n=32, block_k=8, warps_m=2, warps_n=1),
+}
+
+
+def _run_in_simulator(spec: MmaSpec, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    from numba import cuda
+
+    kernel = cuda.jit(tf32.make_mma_kernel(spec, emulated=simulator_intrinsics()))
+    c = np.full((a.shape[0], b.shape[1]), 0.5, np.float32)  # accumulates: C += A @ B
+    cfg = tf32.launch_for(spec, *c.shape)
+    kernel[cfg.grid, cfg.block](a, b, c)
+    return c
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="runs the kernel source in numba's CUDA simulator")
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [
+        (45, 70, 37),  # ragged everywhere: 2 x 3 blocks, the checked loop, a K tail
+        (64, 32, 48),  # whole blocks: the unchecked loop runs
+        (1, 1, 1),
+        (3, 5, 0),  # K = 0: C unchanged
+    ],
+)
+def test_kernel_source_matches_the_emulation(precision: str, m: int, n: int, k: int) -> None:
+    """The generated kernel (its index math, fragment loads, edges, epilogue) gives exactly the
+    emulation's bits; the PTX intrinsics themselves cannot run here."""
+    rng = np.random.default_rng(m * 1000 + n + k)
+    a = rng.uniform(-1, 1, (m, k)).astype(np.float32)
+    b = rng.uniform(-1, 1, (k, n)).astype(np.float32)
+    got = _run_in_simulator(SMALL[precision], a, b)
+    want = np.float32(0.5) + emulate_product(a, b, precision)
+    np.testing.assert_array_equal(got, want)
+    assert_product(emulate_product(a, b, precision), a, b, precision=precision)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="runs the kernel source in numba's CUDA simulator")
+def test_registered_tf32_spec_in_the_simulator() -> None:
+    """The shipped 128 x 128 tile (8 warps) on a ragged 130 x 129 x 20 product: 4 blocks."""
+    rng = np.random.default_rng(7)
+    a = rng.uniform(-1, 1, (130, 20)).astype(np.float32)
+    b = rng.uniform(-1, 1, (20, 129)).astype(np.float32)
+    got = _run_in_simulator(TF32_SPEC, a, b)
+    np.testing.assert_array_equal(got, np.float32(0.5) + emulate_product(a, b, "tf32"))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="checks the simulator's refusal")
+@pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
+def test_tensor_variants_refuse_the_simulator(precision: str) -> None:
+    """The registered variants carry the real PTX intrinsics: the simulator is refused with
+    the reason, before any launch."""
+    from kernels.cuda import host
+
+    variant = host.select_variant(None, np.dtype(np.float32), precision)
+    assert variant.name == f"mma_{precision}" and not variant.simulable
+    c = np.zeros((2, 2), np.float32)
+    with pytest.raises(RuntimeError, match="inline PTX, which numba's CUDA simulator cannot run"):
+        host.launch_product(variant, np.ones((2, 3), np.float32), np.ones((3, 2), np.float32), c)
+
+
+def test_float64_has_no_tensor_precision() -> None:
+    from kernels.cuda import host
+
+    with pytest.raises(TypeError, match="precision 'tf32' needs float32 data, got float64"):
+        host.select_variant(None, np.dtype(np.float64), "tf32")
+    assert host.select_variant(None, np.dtype(np.float64), "fp32").name == "blocked_float64"
