@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
 from pipeline.plan.calibration import COSTS
+from pipeline.plan.gpu import panel_decode_rate
 from pipeline.plan.matmul import cpu_resource_seconds
 from pipeline.plan.units import format_bytes
 
@@ -97,8 +98,9 @@ def _estimate(plan: MatmulPlan) -> str:
         f"{d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s peak, "
         f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped"
         + (
-            f"; zstd decoded on the device at {d.decode_bytes_per_second / 1e9:.0f} GB/s, "
-            "counted in the kernel's time)"
+            f"; zstd decoded on the device at {panel_decode_rate(plan, d) / 1e9:.1f} GB/s "
+            f"(a frame per chunk, one thread block each; {d.decode_bytes_per_second / 1e9:.0f} "
+            "GB/s peak, assumed), counted in the kernel's time)"
             if d.decodes_chunks
             else ")"
         )

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
+from kernels.constants import device_decode_rate
 from kernels.device.buffers import Allocator, lazy_host_allocator
 from kernels.device.decode import CompressedPanel
 from kernels.device.interface import Stream
@@ -33,7 +34,8 @@ from kernels.panels import band_rows, check_panels
 
 ENGINES = ("compute", "h2d", "d2h")
 DECODE_GBPS = 50.0
-"""Decoded GB/s of device-side zstd decoding (--gpu-decode) unless given: an assumption, not a
+"""Peak decoded GB/s of device-side zstd decoding (--gpu-decode) unless given, reached only
+with enough frames a panel (kernels.constants.device_decode_rate): an assumption, not a
 measured nvCOMP figure (the planner's DEVICE_DECODE_BYTES_PER_SECOND)."""
 
 
@@ -287,7 +289,8 @@ class EmulatedDevice:
 
 class EmulatedDecoder:
     """The compressed bytes over the copy engine, then decoding on the compute engine (as
-    nvCOMP's kernels share the GPU with the gemms) at ``decode_gbps`` of decoded bytes."""
+    nvCOMP's kernels share the GPU with the gemms) at ``decode_gbps`` of decoded bytes, or
+    less with few frames in the panel (kernels.constants.device_decode_rate)."""
 
     def __init__(self, device: EmulatedDevice, stream: Stream) -> None:
         self.device, self.stream = device, stream
@@ -298,8 +301,9 @@ class EmulatedDecoder:
         itemsize = np.dtype(panel.dtype).itemsize
         decoded = sum(p.shape[0] * p.shape[1] * itemsize for p in panel.pieces)
         device, stream = self.device, self.stream
+        rate = device_decode_rate(device.decode_bytes_per_second, len(panel.pieces))
         device._submit(stream, "h2d", "copy_compressed", panel.nbytes)
-        device._submit(stream, "compute", "decode", decoded, device.decode_bytes_per_second)
+        device._submit(stream, "compute", "decode", decoded, rate)
 
 
 def _check_same(host: NDArray[Any], dev: DeviceBuffer) -> None:

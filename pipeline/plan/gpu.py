@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from kernels.constants import device_decode_rate
 from pipeline.plan.device import (
     DECODE_BYTES_PER_SECOND,
     STAGED_PANELS,
@@ -52,6 +53,9 @@ def with_device(
         host += 3 * tm * tn * c
     host += decode_buffer_bytes(plan, decode_threads)
     busy = plan.busy_threads
+    timed = device  # the device's peak decode rate stays in the plan; the panels' is timed
+    if device.decodes_chunks:
+        timed = replace(device, decode_bytes_per_second=panel_decode_rate(plan, device))
     host_worker = busy * host + plan.worker_bytes - plan.cache_bytes - busy * plan.task_bytes
     rows, cols = plan.grid
     share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # one worker's part
@@ -66,14 +70,12 @@ def with_device(
         decoded_bytes=share * counted.read_bytes,
         write_chunks=share * counted.out_chunks,
     )
-    seconds = resource_seconds(work, device, flops_fraction, plan.compute_dtype, decode_threads)
+    seconds = resource_seconds(work, timed, flops_fraction, plan.compute_dtype, decode_threads)
     # Each task fills its pipeline (first panels decoded and copied: the device waits) and
     # drains it (the last band written after the kernel), so fewer, bigger tiles fill less.
     decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
     first = (tm + tn) * width * c
-    first_decode = first / (
-        device.decode_bytes_per_second if device.decodes_chunks else decode_rate
-    )
+    first_decode = first / (timed.decode_bytes_per_second if device.decodes_chunks else decode_rate)
     fill = first_decode + first / device.h2d_bytes_per_second + TASK_OVERHEAD_SECONDS
     fill = share * plan.n_tasks * fill + band * tn * o / decode_rate
     return replace(
@@ -86,6 +88,21 @@ def with_device(
         modelled_seconds=makespan(seconds, fill),
         decode_threads=decode_threads,
     )
+
+
+def panel_decode_rate(plan: MatmulPlan, device: DeviceModel) -> float:
+    """Decoded bytes/s of --gpu-decode over a tile's panels: each operand's panel is one batch
+    of whole chunks (one zstd frame each), decoded at ``device_decode_rate`` of its frame
+    count, the two batches weighted by their bytes."""
+    tm, tn = plan.tile_shape
+    width = plan.panel_width
+    (a_rows, a_cols), (b_rows, b_cols) = plan.a.chunks, plan.b.chunks
+    peak = device.decode_bytes_per_second
+    a_bytes, b_bytes = tm * width, width * tn  # elements; the same dtype's bytes cancel
+    a_rate = device_decode_rate(peak, ceil_div(tm, a_rows) * ceil_div(width, a_cols))
+    b_rate = device_decode_rate(peak, ceil_div(width, b_rows) * ceil_div(tn, b_cols))
+    seconds = a_bytes / a_rate + b_bytes / b_rate
+    return (a_bytes + b_bytes) / seconds if seconds else peak
 
 
 def decode_buffer_bytes(plan: MatmulPlan, decode_threads: int) -> int:

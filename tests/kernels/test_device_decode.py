@@ -173,6 +173,26 @@ def test_emulated_decode_takes_the_compute_engine(tmp_path: Path) -> None:
     assert decode.end - decode.start == pytest.approx(decode.amount / 1e5, rel=1e-6)
 
 
+def test_emulated_decode_is_as_wide_as_the_panels_frames(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each frame is one thread block's work: 25 frames at 1 kB/s each decode at 25 kB/s,
+    under the device's 100 kB/s peak."""
+    import kernels.constants
+
+    monkeypatch.setattr(kernels.constants, "FRAME_DECODE_BYTES_PER_SECOND", 1e3)
+    array = zstd_array(tmp_path / "a.zarr", "float32")
+    staged = np.zeros(64_000, np.uint8)
+    panel = read_compressed(array, (0, 37), (0, 29), staged)
+    assert panel is not None and len(panel.pieces) == 25
+    with EmulatedDevice(1.0, 1e-4, decode_gbps=1e-4) as device:
+        stream = device.stream()
+        device.decoder(stream).decode_into(staged, panel, device.empty((37, 29), "f4"))
+        stream.synchronize()
+        _, decode = device.timeline
+    assert decode.end - decode.start == pytest.approx(decode.amount / 25e3, rel=1e-6)
+
+
 @pytest.mark.gpu
 def test_nvcomp_decodes_zarr_zstd_frames(tmp_path: Path) -> None:
     """On a real GPU: nvCOMP's decode of zarr's frames equals numcodecs'."""

@@ -100,3 +100,38 @@ def test_dry_run_prints_device_memory_and_bound_by(tmp_path: Path) -> None:
     cpu_tiles = int([x for x in cpu.stdout.splitlines() if x.startswith("tiles")][0].split()[1])
     assert tiles["80GiB"] < cpu_tiles and tiles["6GiB"] > tiles["80GiB"]
     assert not (tmp_path / "c.zarr").exists()
+
+
+@pytest.mark.parametrize(
+    ("chunks", "slow"),
+    [
+        ((2048, 2048), True),  # 16 MiB frames: a handful per panel, far below the peak
+        ((128, 128), False),  # 64 KiB frames, as nvCOMP's figures assume: the peak
+    ],
+)
+def test_gpu_decode_rate_follows_the_frames_per_panel(chunks: tuple[int, int], slow: bool) -> None:
+    """--gpu-decode: a panel's chunks are its frames, each decoded by one thread block at
+    FRAME_DECODE_BYTES_PER_SECOND; the plan's kernel time holds the inputs' bytes at that rate,
+    capped by the device's peak (50 GB/s assumed), which the plan keeps."""
+    from kernels.constants import FRAME_DECODE_BYTES_PER_SECOND
+    from pipeline.plan.gpu import panel_decode_rate, with_device
+
+    a = ArraySpec((8192, 8192), chunks, "float32")
+    plan = plan_matmul(
+        a, a, workers=1, threads_per_worker=1, memory_limit_bytes=16 * GiB, backend="cuda",
+        device=replace(H100, decodes_chunks=True), decode_threads=2,
+    )  # fmt: skip
+    tm, tn = plan.tile_shape
+    width = plan.panel_width
+    a_frames = -(-tm // chunks[0]) * -(-width // chunks[1])
+    b_frames = -(-width // chunks[0]) * -(-tn // chunks[1])
+    rates = [min(50e9, f * FRAME_DECODE_BYTES_PER_SECOND) for f in (a_frames, b_frames)]
+    want = (tm * width + width * tn) / (tm * width / rates[0] + width * tn / rates[1])
+    assert panel_decode_rate(plan, plan.device) == pytest.approx(want, rel=1e-12)
+    assert plan.device.decode_bytes_per_second == 50e9  # the peak, kept
+    # The same tiles timed with and without decoding on the device: the kernel's time grows
+    # by the inputs' bytes at the panels' rate.
+    on, off = (with_device(plan, replace(H100, decodes_chunks=d), 1.0, 2) for d in (True, False))
+    kernel = [dict(p.resource_seconds)["kernel"] for p in (on, off)]
+    assert kernel[0] - kernel[1] == pytest.approx(plan.read_bytes / want, rel=1e-9)
+    assert (want < 10e9) if slow else (want == 50e9)
