@@ -1,9 +1,15 @@
 """A block's chunks as stored (compressed), for decoding on the GPU (--gpu-decode).
 
 Only arrays whose every chunk is one plain zstd frame of the little-endian, C-order elements
-qualify: Zarr v3 with codecs [bytes, zstd] (no checksum) and Zarr v2 with a Zstd compressor,
-no filters and order C. Anything else -- sharded, Blosc, LZ4, transposed, big-endian -- is
-decoded on the host as before.
+qualify: Zarr v3 with codecs [bytes, zstd] or [bytes, zstd, crc32c], and Zarr v2 with a Zstd
+compressor, no filters and order C. Anything else -- sharded, Blosc, LZ4, transposed,
+big-endian, zstd's own content checksum (checkable only by decoding) -- is decoded on the host.
+
+nvCOMP documents a corrupt zstd frame as undefined behaviour (no error guaranteed; a fault can
+poison the worker's CUDA context), so the device sees only frames the host has checked: each
+well formed (header, blocks, ending exactly at the chunk's end), declaring exactly its chunk's
+bytes, and matching its crc32c where zarr stores one. A chunk failing a check is decoded on the
+host, which refuses it and names it.
 """
 
 from __future__ import annotations
@@ -36,13 +42,37 @@ def device_decodable(array: Any) -> bool:
             and not metadata.filters
             and metadata.order == "C"
         )
-    if len(metadata.codecs) != 2:
+    if len(metadata.codecs) not in (2, 3) or (len(metadata.codecs) == 3 and not has_crc32c(array)):
         return False
-    bytes_codec, zstd = metadata.codecs  # zstd may be pipeline.store.bounded's subclass
+    bytes_codec, zstd = metadata.codecs[:2]  # zstd may be pipeline.store.bounded's subclass
     if not (isinstance(bytes_codec, BytesCodec) and isinstance(zstd, ZstdCodec)):
         return False
     endian = getattr(bytes_codec.endian, "value", bytes_codec.endian)
     return endian in (None, "little") and not zstd.checksum
+
+
+def has_crc32c(array: Any) -> bool:
+    """True when ``array``'s chunks end in zarr's crc32c of their bytes (v3 codecs end so)."""
+    from zarr.codecs import Crc32cCodec
+
+    codecs = getattr(array.metadata, "codecs", ())
+    return bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
+
+
+def checked_frame(stored: NDArray[np.uint8], crc32c: bool, chunk_bytes: int) -> Any:
+    """The zstd frame of a stored chunk, or None when the host finds it unsafe for the device:
+    its crc32c (when stored) differs, or it is not whole zstd frames declaring exactly
+    ``chunk_bytes``."""
+    frame = stored
+    if crc32c:
+        import google_crc32c
+
+        frame, stored_crc = stored[:-4], stored[-4:].tobytes()
+        if len(stored) < 4 or google_crc32c.value(frame.tobytes()) != int.from_bytes(
+            stored_crc, "little"
+        ):
+            return None
+    return frame if declared_size(frame, chunk_bytes) == chunk_bytes else None
 
 
 def stored_chunks(array: Any, indices: list[tuple[int, int]]) -> list[NDArray[np.uint8] | None]:
@@ -66,8 +96,8 @@ def read_compressed(
 ) -> CompressedPanel | None:
     """The stored chunks of ``array[rows, cols]`` packed into ``out``, with where each piece
     goes; None when one is missing (its elements are the fill value: decode on the host), they
-    don't fit in ``out``, or a chunk's frames don't declare exactly its size (the host path,
-    decoding into exactly that size, refuses it or decodes it bounded)."""
+    don't fit in ``out``, or a chunk fails the host's checks (checked_frame; the host path
+    refuses it, naming it, or decodes it bounded)."""
     (cm, cn) = array.chunks
     indices = [
         (i, j)
@@ -76,7 +106,9 @@ def read_compressed(
     ]
     stored = stored_chunks(array, indices)
     chunk_bytes = cm * cn * np.dtype(array.dtype).itemsize
-    frames = [f for f in stored if f is not None and declared_size(f, chunk_bytes) == chunk_bytes]
+    crc32c = has_crc32c(array)
+    checked = [None if f is None else checked_frame(f, crc32c, chunk_bytes) for f in stored]
+    frames = [f for f in checked if f is not None]
     if len(frames) < len(stored):
         return None
     sizes = [len(frame) for frame in frames]

@@ -53,12 +53,16 @@ def zstd_array(
         ({"zarr_format": 3, "compressors": zarr.codecs.BloscCodec()}, False),
         ({"zarr_format": 2, "compressors": numcodecs.LZ4()}, False),  # numcodecs' own header
         ({"zarr_format": 3, "compressors": zarr.codecs.ZstdCodec(checksum=True)}, False),
+        ({"zarr_format": 3, "crc32c": True}, True),  # checked on the host before the device
         ({"zarr_format": 2, "filters": [numcodecs.Delta("<f4")]}, False),
     ],
 )
 def test_which_arrays_qualify(tmp_path: Path, kind: dict[str, Any], expected: bool) -> None:
     fmt = kind.pop("zarr_format")
     compressors = kind.pop("compressors", None)
+    if kind.pop("crc32c", False):
+        kind["serializer"] = zarr.codecs.BytesCodec()
+        compressors = [zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()]
     array = zstd_array(tmp_path / "a.zarr", "float32", fmt, **kind)
     if compressors is not None:
         array = zarr.create_array(
@@ -86,6 +90,52 @@ def test_packed_frames_and_placement(tmp_path: Path) -> None:
     assert (covered == 1).all()
     assert panel.bytes_read == 27 * 24 * 4
     assert read_compressed(array, (3, 30), (5, 29), np.zeros(100, np.uint8)) is None  # no room
+
+
+def crc32c_array(path: Path) -> Any:
+    array = zarr.create_array(
+        str(path), shape=SHAPE, chunks=CHUNKS, dtype="float32",
+        compressors=[zarr.codecs.ZstdCodec(), zarr.codecs.Crc32cCodec()],
+    )  # fmt: skip
+    array[...] = np.round(np.random.default_rng(5).standard_normal(SHAPE) * 100)
+    return array
+
+
+def test_crc32c_is_checked_and_stripped_on_the_host(tmp_path: Path) -> None:
+    """Chunks stored with zarr's crc32c: the staged frames are the zstd frames alone; one
+    changed byte in one chunk sends the whole panel to the host path (which names it)."""
+    array = crc32c_array(tmp_path / "a.zarr")
+    out = np.zeros(40_000, np.uint8)
+    panel = read_compressed(array, (0, 16), (0, 12), out)
+    assert panel is not None and len(panel.pieces) == 4
+    for p in panel.pieces:
+        frame = out[p.offset : p.offset + p.size].tobytes()
+        assert len(numcodecs.Zstd().decode(frame)) == 8 * 6 * 4
+    chunk = tmp_path / "a.zarr" / "c" / "1" / "1"
+    data = bytearray(chunk.read_bytes())
+    data[len(data) // 2] ^= 0x01  # in the frame's blocks: its header still says 192 bytes
+    chunk.write_bytes(bytes(data))
+    assert read_compressed(array, (0, 16), (0, 12), out) is None
+    assert read_compressed(array, (0, 8), (0, 12), out) is not None  # chunk row 0 only
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda f: f[:-3],  # cut short: the last block ends past the chunk
+        lambda f: f + b"\0\0\0",  # bytes after the frame
+        lambda f: b"\0" + f[1:],  # no zstd magic
+        lambda f: numcodecs.Zstd().encode(np.zeros(8 * 6 + 1, "f4").tobytes()),  # 196 bytes
+    ],
+)
+def test_malformed_frames_never_reach_the_device(tmp_path: Path, damage: Any) -> None:
+    """Without a stored checksum the host checks what a frame's structure says: the header,
+    the blocks ending exactly at the chunk's end, the declared size."""
+    array = zstd_array(tmp_path / "a.zarr", "float32")
+    chunk = tmp_path / "a.zarr" / "c" / "0" / "0"
+    chunk.write_bytes(damage(chunk.read_bytes()))
+    assert read_compressed(array, (0, 8), (0, 6), np.zeros(10_000, np.uint8)) is None
+    assert read_compressed(array, (0, 8), (6, 12), np.zeros(10_000, np.uint8)) is not None
 
 
 def test_missing_chunks_decode_on_the_host(tmp_path: Path) -> None:
