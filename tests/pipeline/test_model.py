@@ -33,6 +33,7 @@ COSTS = CostModel(
 def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     """These constants, not this machine's calibration."""
     monkeypatch.setattr("pipeline.plan.matmul.COSTS", COSTS)
+    monkeypatch.setattr("pipeline.plan.device.COSTS", COSTS)
     monkeypatch.setattr("pipeline.plan.matmul.TASK_OVERHEAD_SECONDS", COSTS.task_seconds)
 
 
@@ -86,6 +87,26 @@ def test_a_short_k_is_bound_by_writing_out() -> None:
         square, square, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB
     )
     assert big_k.bound_by == "product"
+
+
+def test_the_staged_gpu_path_pays_per_chunk_too() -> None:
+    """Its decode threads fetch and decode the same chunks on the host."""
+    from pipeline.plan.device import DEVICE_CLASSES
+
+    def seconds(chunk: int) -> dict[str, float]:
+        spec = ArraySpec((8192, 8192), (chunk, chunk), "float32")
+        plan = plan_matmul(
+            spec, spec, workers=1, threads_per_worker=1, memory_limit_bytes=16 * GiB,
+            backend="cuda", device=DEVICE_CLASSES["h100-pcie"], decode_threads=2,
+            output=OutputSpec(chunks=(1024, 1024)), tile_shape=(8192, 8192), panel_width=1024,
+        )  # fmt: skip
+        return dict(plan.resource_seconds)
+
+    small, big = seconds(64), seconds(1024)
+    extra = (8192**2 // 64**2 - 8192**2 // 1024**2) * 2 / 2  # A and B once, two decode threads
+    assert small["decode"] - big["decode"] == pytest.approx(extra * COSTS.decode.per_chunk)
+    assert small["storage"] - big["storage"] == pytest.approx(extra * COSTS.read.per_chunk)
+    assert small["kernel"] == big["kernel"] and small["write"] == big["write"]
 
 
 def test_dry_run_prints_every_term(tmp_path: Path) -> None:
