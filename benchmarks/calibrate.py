@@ -8,10 +8,11 @@ decoding each; for OUT's chunks, zarr writing a 2048² array to memory (encoding
 Blosc-LZ4 as integer OUTs are) and to local files (the difference is the write). Each fit is
 ``seconds = chunks x per_chunk + bytes x per_byte`` by least squares on relative error, so
 small chunks weigh as much as big ones. Then one BLAS thread's sgemm rate, dask's cost per task
-and what a tiny job costs beyond its work (starting a local cluster, creating and finishing
-OUT). Last, three whole jobs, each bound by one resource group (product, decode, write), scale
-that group's figures to what a job takes (threads sharing cores, memory and fresh pages). Each
-figure is the fastest of ``--repeats`` runs (other work on a shared machine only ever adds).
+and what a tiny job's whole command costs (the interpreter, starting a local cluster,
+creating and finishing OUT). Last, three whole jobs, each bound by one resource group (product,
+decode, write), scale that group's figures to what a job takes (threads sharing cores, memory
+and fresh pages). Each figure is the fastest of ``--repeats`` runs (other work on a shared
+machine only ever adds).
 Prints the fits with each size's measured and fitted seconds.
 """
 
@@ -157,17 +158,18 @@ def accumulator_seconds(repeats: int) -> tuple[float, float]:
 
 
 def task_and_setup_seconds(root: Path, repeats: int) -> tuple[float, float]:
-    """dask's thread-seconds per task (1 worker, 2 threads, 400 tasks) and a 64² job's wall."""
+    """dask's thread-seconds per task (1 worker, 2 threads, 400 tasks) plus a tile task's own
+    (tile_task_seconds), and the whole CLI's wall on a 64² product (the setup)."""
     from distributed import Client, LocalCluster
-
-    from pipeline import multiply
 
     a, b = str(root / "a64.zarr"), str(root / "b64.zarr")
     write_random(a, (64, 64), (64, 64), "float32", 1)
     write_random(b, (64, 64), (64, 64), "float32", 2)
-    setup = best_seconds(
-        lambda: multiply(a, b, str(root / "c64.zarr"), overwrite=True), repeats
-    )  # its own local cluster, started and closed
+    argv = [sys.executable, "-m", "pipeline", "multiply", a, b, str(root / "c64.zarr")]
+    setup = best_seconds(  # the whole command: interpreter, its own local cluster, OUT
+        lambda: subprocess.run([*argv, "--overwrite", "--no-progress"], check=True,
+                               capture_output=True), repeats,
+    )  # fmt: skip
     with (
         LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster,
         Client(cluster) as client,
@@ -236,20 +238,22 @@ def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
 
 
 def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[str, float]]:
-    """The one-thread figures scaled to what whole jobs take: each of JOBS (a local cluster
-    of its own, as the CLI starts) is timed, fastest of ``repeats``, and the group bounding it
+    """The one-thread figures scaled to what whole jobs take: each of JOBS (the whole CLI,
+    as the setup was timed) is timed, fastest of ``repeats``, and the group bounding it
     is scaled until the plan's seconds match (a few rounds: the bound may move). On 2 cores
     a job's threads share the cores, the memory bus and fresh pages, which one thread alone
     does not see."""
     import pipeline.plan.matmul as matmul
-    from pipeline import multiply, prepare
+    from pipeline import prepare
 
     runs = []
     for group, (a_shape, a_chunks), (b_shape, b_chunks) in JOBS:
         a, b, out = (str(root / f"job-{group}-{x}.zarr") for x in "abc")
         write_random(a, a_shape, a_chunks, "float32", 1, overwrite=True)
         write_random(b, b_shape, b_chunks, "float32", 2, overwrite=True)
-        wall = min(multiply(a, b, out, overwrite=True).seconds for _ in range(repeats))
+        argv = [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite"]
+        wall = best_seconds(lambda x=argv: subprocess.run(x, check=True, capture_output=True),
+                            repeats)  # fmt: skip
         runs.append((group, a, b, out, wall))
     factors = dict.fromkeys(("product", "decode", "write"), 1.0)
     for _ in range(4):

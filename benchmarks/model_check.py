@@ -5,8 +5,9 @@
 Each case's inputs are written once (zstd, float32, seeded) under ``--data``. The model is the
 dry run's text (``--dry-run``: the constants of pipeline/plan/calibration.py); each run is
 the CLI, ``python -m pipeline multiply A B OUT --overwrite``, in a fresh process with its own
-local cluster. Printed per case, medians over the runs: the whole CLI's wall seconds, the
-job's seconds (what the summary line says; the dry run's estimate is of this), and per
+local cluster. Printed per case, medians over the runs: the dry run's estimate (of the whole
+command, the interpreter and the local cluster included), the whole CLI's wall seconds, the
+job's (the summary line's: no interpreter), and per
 resource the modelled and the measured thread-seconds (the job's ``time:`` line: product;
 decode = fetching and decoding the inputs; write = encoding and storing OUT), then the
 resource each names as the largest, and the load average when the runs started. Measured
@@ -125,7 +126,7 @@ def median(runs: list[dict[str, float]]) -> dict[str, float]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = (
-        "| case | OUT chunks | CLI s | job s measured | job s modelled | ratio | "
+        "| case | OUT chunks | modelled s | CLI s | CLI / modelled | job s | "
         + " | ".join(f"{r} model / measured" for r in RESOURCES)
         + " | largest model / measured | CPU s model / measured | load |"
     )
@@ -134,11 +135,11 @@ def table(rows: list[dict[str, Any]]) -> str:
         m, got = row["model"], row["measured"]
         largest = max(RESOURCES, key=lambda r: got[r])
         per = " | ".join(f"{m[r]:.2f} / {got[r]:.2f}" for r in RESOURCES)
-        chunks = m["out_chunks"]
         lines.append(
-            f"| {row['case']} | {chunks} | {got['cli']:.2f} | {got['job']:.2f} | {m['job']:.2f}"
-            f" | {got['job'] / m['job']:.2f} | {per} | {m['bound']} / {largest}"
-            f" | {m['cpu']:.2f} / {got['cpu']:.2f} | {got['load']:.1f} |"
+            f"| {row['case']} | {m['out_chunks']} | {m['job']:.2f} | {got['cli']:.2f}"
+            f" | {got['cli'] / m['job']:.2f} | {got['job']:.2f} | {per}"
+            f" | {m['bound']} / {largest} | {m['cpu']:.2f} / {got['cpu']:.2f}"
+            f" | {got['load']:.1f} |"
         )
     return "\n".join(lines)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
+from pipeline.cputime import ROWS
 from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
 from pipeline.plan.calibration import COSTS
 from pipeline.plan.gpu import panel_decode_rate
@@ -111,7 +112,7 @@ def _resources(plan: MatmulPlan) -> str:
     seconds = plan.resource_seconds or cpu_resource_seconds(plan)
     where = "per worker" if plan.device is not None else "thread-seconds per worker"
     terms = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
-    return f"{terms} ({where}); setup {COSTS.setup_seconds:.2f} (once)"
+    return f"{terms} ({where}); setup {COSTS.setup_seconds:.2f} (interpreter, cluster, OUT)"
 
 
 def format_summary(result: MultiplyResult) -> str:
@@ -135,7 +136,8 @@ def _layout(plan: MatmulPlan) -> str:
 
 
 def format_accounting(result: MultiplyResult) -> str:
-    """Where the tile tasks' time went (thread-seconds) and what the workers' processes used."""
+    """Where the tile tasks' time went (thread-seconds), what the workers' processes used, and
+    their CPU-seconds by kind (pipeline.cputime: the kinds sum to user + system)."""
     phases = ", ".join(f"{k} {v:.3f}" for k, v in result.phases.items())  # tiny jobs: ms
     usage = result.usage
     cpu = (
@@ -144,7 +146,9 @@ def format_accounting(result: MultiplyResult) -> str:
         if usage
         else "workers' CPU: not measured"
     )
-    return f"time: thread-seconds {phases or 'none'}; {cpu}"
+    kinds = ", ".join(f"{row} {usage[f'cpu_{row}']:.2f}" for row in ROWS if f"cpu_{row}" in usage)
+    split = f"; CPU-seconds by kind: {kinds}" if kinds else ""
+    return f"time: thread-seconds {phases or 'none'}; {cpu}{split}"
 
 
 def format_verify(result: VerifyResult) -> str:
