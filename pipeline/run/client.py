@@ -22,10 +22,10 @@ from kernels.backends import (
     get_backend,
     probe_devices,
 )
+from pipeline.cputime import account
 from pipeline.errors import (
     BackendUnavailableError,
     ClusterError,
-    DeviceFaultError,
     JobError,
     PipelineError,
     UsageError,
@@ -33,7 +33,6 @@ from pipeline.errors import (
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
 from pipeline.run import events, worker
-from pipeline.run.faults import restart_faulted
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import add_phases, process_usage
 
@@ -187,10 +186,7 @@ def collect(
                 for future in done:
                     if future.status == "error":
                         client.cancel(list(pending))
-                        error = _job_error(future, len(futures))
-                        if isinstance(error, DeviceFaultError):
-                            restart_faulted(client, error)
-                        raise error
+                        raise _job_error(future, len(futures))
                     tile: TileStats = future.result()
                     stats.append(tile)
                     line.add(flops[tile.index], tile.bytes_read, tile.index, panels)
@@ -247,19 +243,22 @@ def release_panels(client: Client, run_id: str) -> None:
         log.debug("could not release cached panels: %s", e)
 
 
-def worker_usage(client: Client) -> dict[int, tuple[float, float, int]]:
-    """User s, system s and minor page faults of each worker process (by pid; an in-process
-    worker is the client's own process)."""
-    usage = client.run(process_usage)
-    return {pid: (user, system, faults) for pid, user, system, faults in usage.values()}
+def worker_usage(client: Client) -> dict[int, dict[str, float]]:
+    """Each worker process's counters (pipeline.run.timing.process_usage), by pid; an
+    in-process worker is the client's own process."""
+    return dict(client.run(process_usage).values())
 
 
-def usage_since(client: Client, before: dict[int, tuple[float, float, int]]) -> dict[str, float]:
-    """What the worker processes used since ``before``: user and system seconds, page faults."""
-    after = worker_usage(client)
-    deltas = [
-        [x - y for x, y in zip(now, before.get(pid, (0.0, 0.0, 0)), strict=True)]
-        for pid, now in after.items()
-    ]
-    user, system, faults = (sum(d[i] for d in deltas) for i in range(3))
-    return {"user_seconds": user, "system_seconds": system, "page_faults": faults}
+def usage_since(client: Client, before: dict[int, dict[str, float]]) -> dict[str, float]:
+    """What the worker processes used since ``before``: user and system seconds, page faults,
+    and their CPU-seconds by kind as ``cpu_<row>`` (pipeline.cputime.ROWS; they sum to user +
+    system)."""
+    total: dict[str, float] = {}
+    for pid, now in worker_usage(client).items():
+        was = before.get(pid, {})
+        for key, value in now.items():
+            total[key] = total.get(key, 0.0) + value - was.get(key, 0.0)
+    user, system = total.get("user_seconds", 0.0), total.get("system_seconds", 0.0)
+    rows = account(user, system, total, total.get("zarr_user_seconds", 0.0))
+    usage = {k: total.get(k, 0.0) for k in ("user_seconds", "system_seconds", "page_faults")}
+    return {**usage, **{f"cpu_{row}": seconds for row, seconds in rows.items()}}

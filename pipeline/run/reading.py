@@ -18,6 +18,7 @@ from numpy.typing import NDArray
 
 from kernels.device.allocators import lazy_host_allocator
 from kernels.device.buffers import BufferPool, owned_array, process_pool
+from pipeline.cputime import LEDGER
 from pipeline.run import events
 from pipeline.run.panels import CACHE
 from pipeline.run.timing import PhaseTimes
@@ -75,7 +76,8 @@ def read_panel(
     stored = shape[0] * shape[1] * np.dtype(array.dtype).itemsize
 
     def decode(into: NDArray[Any] | None = None) -> NDArray[Any]:
-        with clock.measure("decode"):
+        # CPU: the chunks' decoding is charged where it runs; this thread's rest is copying
+        with clock.measure("decode"), LEDGER.measure("copy"):
             if into is None:
                 into = owned_array(host_pool(spec.buffer_bytes), shape, spec.compute_dtype)
             return inputs.read_block(array, *at, spec.compute_dtype, which, url, into)

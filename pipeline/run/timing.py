@@ -3,8 +3,9 @@
 Each tile task keeps a ``PhaseTimes`` that its threads add to: the product (BLAS or the GPU
 kernel), decoding panels (or, decoded on the GPU, reading them compressed), copying results out
 of the accumulator, writing bands, and waiting (the task's thread idle until a panel or a write
-is ready). The client sums them per job, and reads user/system seconds and page faults of every
-worker process before and after the job, so a gap to the peers is explained by a measurement.
+is ready). The client sums them per job, and reads user/system seconds, page faults and the
+CPU-seconds by kind (pipeline.cputime) of every worker process before and after the job, so a
+gap to the peers is explained by a measurement.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import resource
 import threading
 import time
 from collections.abc import Iterator
+
+from pipeline.cputime import KINDS, LEDGER, zarr_thread_seconds
 
 PHASES = ("product", "decode", "read", "copy", "write", "wait")
 """Phases of a tile task, in thread-seconds (several threads of a task overlap)."""
@@ -29,9 +32,13 @@ class PhaseTimes:
 
     @contextlib.contextmanager
     def measure(self, phase: str) -> Iterator[None]:
+        """The block's wall seconds to ``phase``; its CPU-seconds to the process's ledger too
+        when the phase is one of its kinds (decoding is charged where chunks are decoded)."""
+        cpu = LEDGER.measure(phase) if phase in KINDS and phase != "decode" else None
         started = time.perf_counter()
         try:
-            yield
+            with cpu or contextlib.nullcontext():
+                yield
         finally:
             self.add(phase, time.perf_counter() - started)
 
@@ -49,7 +56,14 @@ def add_phases(total: dict[str, float], part: dict[str, float]) -> dict[str, flo
     return {k: total.get(k, 0.0) + part.get(k, 0.0) for k in PHASES}
 
 
-def process_usage() -> tuple[int, float, float, int]:
-    """Runs on each worker: (pid, user s, system s, minor page faults) of this process."""
+USAGE = ("user_seconds", "system_seconds", "page_faults", "zarr_user_seconds")
+"""What process_usage reads besides the ledger's kinds (pipeline.cputime.Ledger.totals)."""
+
+
+def process_usage() -> tuple[int, dict[str, float]]:
+    """Runs on each worker: (pid, counters) of this process: USAGE and the ledger's kinds."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    return os.getpid(), usage.ru_utime, usage.ru_stime, usage.ru_minflt
+    zarr_user, _ = zarr_thread_seconds()
+    values = (usage.ru_utime, usage.ru_stime, usage.ru_minflt, zarr_user)
+    counters = dict(zip(USAGE, values, strict=True))
+    return os.getpid(), {**counters, **LEDGER.totals()}

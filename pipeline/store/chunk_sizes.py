@@ -19,6 +19,7 @@ import numcodecs.zstd
 import numpy as np
 from numpy.typing import NDArray
 
+from pipeline.cputime import LEDGER
 from pipeline.errors import ChunkSizeError
 from pipeline.store.zstd_frames import Frames, declared_size, first_frame_size
 
@@ -52,7 +53,8 @@ def decode_exact(codec: str, data: Frames, expected: int, what: str) -> NDArray[
     declared = check_declared(codec, data, expected, what)
     view, out = _bytes(data), np.empty(expected, dtype=np.uint8)
     try:
-        DECODERS[codec](view, out)
+        with LEDGER.measure("decode"):
+            DECODERS[codec](view, out)
     except ValueError as e:  # zstd: frames past the first declare more (numcodecs refused)
         total = declared_size(view, 2**63) if codec == "zstd" else None
         if total is None:
