@@ -18,6 +18,13 @@ from numpy.typing import NDArray
 from kernels.constants import CPU_GEMM_BLOCK as CPU_GEMM_BLOCK  # re-exported: the registry's face
 from kernels.constants import GPU_DTYPES as GPU_DTYPES
 
+PRECISIONS = ("fp32", "tf32", "3xtf32")
+"""What --precision accepts: fp32 (the dtype's own arithmetic: float64 data stays float64),
+TF32 tensor cores, or 3xTF32 (three TF32 products per step, float32-class accuracy)."""
+PRECISION_UNIT = {"tf32": 2.0**-11, "3xtf32": 2.0**-22}
+"""Unit roundoff of a product at a tensor precision: TF32 keeps 10 stored mantissa bits; one
+3xTF32 product keeps 22 bits per operand (tests/kernels/test_tf32_emulation.py)."""
+
 
 class Accumulator(Protocol):
     """``acc += a @ b`` over K panels. ``rows=(r0, r1)`` works on that band of the accumulator
@@ -41,9 +48,12 @@ class BackendSpec:
     """Smallest gemm block along each axis, in elements (1: rounding ignores the launch)."""
     probe: Callable[[], bool]
     """Runs on a worker: True when this process can run the backend."""
-    make_accumulator: Callable[[tuple[int, int], str, tuple[int, int] | None, bool], Accumulator]
-    """(shape, compute dtype, gemm block, upper) -> a zeroed accumulator; ``upper``: a Gram
-    product's diagonal tile, whose lower blocks may be skipped (the writer mirrors them)."""
+    make_accumulator: Callable[
+        [tuple[int, int], str, tuple[int, int] | None, bool, str], Accumulator
+    ]
+    """(shape, compute dtype, gemm block, upper, precision) -> a zeroed accumulator; ``upper``:
+    a Gram product's diagonal tile, whose lower blocks may be skipped (the writer mirrors
+    them)."""
     needs: str
     """What a worker must have to run it (for the error that says it lacks it)."""
     fix: str
@@ -61,13 +71,15 @@ class BackendSpec:
     modelled: bool = False
     """A modelled device: its figures come from configuration (``tilegemm.emulated.*``), and
     it needs no libraries (nvCOMP for --gpu-decode) on the workers."""
+    precisions: tuple[str, ...] = ("fp32",)
+    """The --precision values it computes (fp32 everywhere; tensor cores where listed)."""
 
     def takes(self, dtype: str) -> bool:
         return self.dtypes is None or dtype in self.dtypes
 
 
 def _cpu_accumulator(
-    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool
+    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool, precision: str
 ) -> Any:
     from kernels.cpu import CpuAccumulator
 
@@ -75,23 +87,23 @@ def _cpu_accumulator(
 
 
 def _cuda_accumulator(
-    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool
+    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool, precision: str
 ) -> Any:
     import numpy as np
 
     from kernels.cuda.host import CudaAccumulator
 
-    return CudaAccumulator(shape, np.dtype(dtype))
+    return CudaAccumulator(shape, np.dtype(dtype), precision=precision)
 
 
 def _cublas_accumulator(
-    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool
+    shape: tuple[int, int], dtype: str, block: tuple[int, int] | None, upper: bool, precision: str
 ) -> Any:
     import numpy as np
 
     from kernels.cuda.cublas import CublasAccumulator
 
-    return CublasAccumulator(shape, np.dtype(dtype))
+    return CublasAccumulator(shape, np.dtype(dtype), precision)
 
 
 def _numba_device(params: dict[str, float]) -> Any:
@@ -109,7 +121,9 @@ def _emulated_device(params: dict[str, float]) -> Any:
     return shared_device(params["tflops"], params["h2d_gbps"], memory, decode)
 
 
-def _emulated_accumulator(shape: tuple[int, int], dtype: str, block: Any, upper: bool) -> Any:
+def _emulated_accumulator(
+    shape: tuple[int, int], dtype: str, block: Any, upper: bool, precision: str
+) -> Any:
     raise ValueError("the emulated backend runs through the staged engine only (no math)")
 
 
@@ -145,6 +159,7 @@ BACKENDS: dict[str, BackendSpec] = {
             flops_fraction=0.25,
             make_device=_numba_device,
             calibrates=True,
+            precisions=PRECISIONS,
         ),
         BackendSpec("cpu", None, "cpu", CPU_GEMM_BLOCK, lambda: True, _cpu_accumulator, "", ""),
         BackendSpec(
@@ -157,6 +172,7 @@ BACKENDS: dict[str, BackendSpec] = {
             'CuPy with cuBLAS (pip install "cupy-cuda13x[ctk]") and a CUDA GPU',
             "install CuPy there, or use --backend cuda, cpu or auto",
             flops_fraction=0.92,  # vendor figure: SGEMM ≈ 47 of 51 TFLOP/s on an H100 PCIe
+            precisions=("fp32", "tf32"),  # the handle's TF32 math mode; cuBLAS has no 3xTF32
         ),
         BackendSpec(
             "emulated",
@@ -196,12 +212,35 @@ def get_backend(name: str) -> BackendSpec:
     return BACKENDS[name]
 
 
+def check_precision(backend: str, dtype: str, precision: str) -> None:
+    """ValueError (one line: what, the numbers, the fix) unless ``backend`` computes ``dtype``
+    at ``precision``. The cpu backend refuses tf32 and 3xtf32 rather than emulating them."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return
+    spec = get_backend(backend)
+    if precision not in spec.precisions:
+        raise ValueError(
+            f"--precision {precision}: the {backend} backend computes "
+            f"{' or '.join(spec.precisions)} only; use --backend "
+            f"{' or '.join(n for n, s in BACKENDS.items() if precision in s.precisions)} "
+            "(a GPU), or --precision fp32"
+        )
+    if dtype != "float32":
+        raise ValueError(
+            f"--precision {precision} rounds float32 inputs for tensor cores; the product "
+            f"computes in {dtype}: use --precision fp32, or float32 inputs (--dtype float32)"
+        )
+
+
 def make_accumulator(
     backend: str,
     shape: tuple[int, int],
     dtype: str,
     block: tuple[int, int] | None = None,
     upper: bool = False,
+    precision: str = "fp32",
 ) -> Accumulator:
     """A zeroed ``shape`` accumulator on a resolved backend (see BACKENDS).
 
@@ -210,7 +249,8 @@ def make_accumulator(
     product's diagonal tile (``b`` is ``a`` transposed); the CPU computes its upper blocks
     only, the GPU backends the whole tile (the writer mirrors the upper triangle either way).
     """
-    return get_backend(backend).make_accumulator(shape, dtype, block, upper)
+    check_precision(backend, dtype, precision)
+    return get_backend(backend).make_accumulator(shape, dtype, block, upper, precision)
 
 
 def probe_devices(requested: str = AUTO) -> dict[str, bool]:

@@ -8,6 +8,8 @@ what is missing when asked for an accumulator.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,6 +22,9 @@ CUPY_INSTALL = 'pip install "cupy-cuda13x[ctk]"'
 """CuPy 14 ships no cuBLAS: the ``ctk`` extra brings the CUDA libraries (cuBLAS among them)."""
 INSTALL_HINT = f"the cublas backend needs CuPy with cuBLAS ({CUPY_INSTALL}) and a CUDA GPU"
 DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)
+PRECISIONS = ("fp32", "tf32")
+"""cuBLAS's float32 gemm on FP32 units, or on tensor cores in TF32 (the handle's math mode);
+it has no 3xTF32."""
 
 
 class CublasUnavailableError(RuntimeError):
@@ -75,11 +80,40 @@ def check_dtype(dtype: np.dtype[Any] | type | str) -> np.dtype[Any]:
     return dt
 
 
+TF32_TENSOR_OP_MATH = 3
+"""cublasMath_t's CUBLAS_TF32_TENSOR_OP_MATH (cublas_api.h), where CuPy does not name it."""
+
+
+@contextlib.contextmanager
+def tf32_math(cupy: Any) -> Iterator[None]:
+    """The current cuBLAS handle in CUBLAS_TF32_TENSOR_OP_MATH for one call, its mode restored
+    after (the handle is shared by every user of CuPy in this thread). ``CUPY_TF32`` does not
+    reach ``cupy.cublas.gemm``: the handle's math mode does."""
+    from cupy_backends.cuda.libs import cublas as lib
+
+    handle = cupy.cuda.device.get_cublas_handle()
+    before = lib.getMathMode(handle)
+    lib.setMathMode(handle, getattr(lib, "CUBLAS_TF32_TENSOR_OP_MATH", TF32_TENSOR_OP_MATH))
+    try:
+        yield
+    finally:
+        lib.setMathMode(handle, before)
+
+
 class CublasAccumulator:
     """A zeroed device matrix that K panels are multiplied into with cuBLAS: acc += a @ b."""
 
-    def __init__(self, shape: tuple[int, int], dtype: np.dtype[Any] | type | str) -> None:
+    def __init__(
+        self, shape: tuple[int, int], dtype: np.dtype[Any] | type | str, precision: str = "fp32"
+    ) -> None:
         self.dtype = check_dtype(dtype)
+        if precision not in PRECISIONS or (precision == "tf32" and self.dtype != np.float32):
+            raise ValueError(
+                f"the cublas backend computes {self.dtype} at precision fp32"
+                + (" or tf32" if self.dtype == np.float32 else "")
+                + f", not {precision!r}; use --backend cuda for 3xtf32, or --precision fp32"
+            )
+        self.precision = precision
         m, n = (int(s) for s in shape)
         if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
             raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
@@ -100,7 +134,11 @@ class CublasAccumulator:
         # One host-to-device copy per panel; the accumulator never leaves the device.
         d_a = cp.asarray(np.ascontiguousarray(a))
         d_b = cp.asarray(np.ascontiguousarray(b))
-        cp.cublas.gemm("N", "N", d_a, d_b, out=c, alpha=1.0, beta=1.0)
+        if self.precision == "fp32":  # the handle's default math: today's strict FP32
+            cp.cublas.gemm("N", "N", d_a, d_b, out=c, alpha=1.0, beta=1.0)
+            return
+        with tf32_math(cp):
+            cp.cublas.gemm("N", "N", d_a, d_b, out=c, alpha=1.0, beta=1.0)
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         """The accumulated matrix (or its band of rows) as a C-contiguous host array."""

@@ -192,7 +192,13 @@ def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any =
 class CudaAccumulator:
     """A zeroed device matrix that K panels are multiplied into: acc += a @ b on the GPU."""
 
-    def __init__(self, shape: tuple[int, int], dtype: np.dtype, variant: str | None = None) -> None:
+    def __init__(
+        self,
+        shape: tuple[int, int],
+        dtype: np.dtype,
+        variant: str | None = None,
+        precision: str = "fp32",
+    ) -> None:
         from numba import cuda
 
         self.dtype = tiled.check_float_dtype(dtype)
@@ -200,7 +206,7 @@ class CudaAccumulator:
         if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
             raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
         self.shape = (m, n)
-        self.variant = select_variant(variant, self.dtype)
+        self.variant = select_variant(variant, self.dtype, precision)
         self._c = cuda.to_device(np.zeros(self.shape, dtype=self.dtype))
 
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
