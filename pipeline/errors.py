@@ -79,6 +79,19 @@ class JobError(PipelineError, RuntimeError):
     exit_code = 1
 
 
+class DeviceFaultError(JobError):
+    """A CUDA error in a task: the worker's CUDA context may be lost (errors such as an
+    illegal address are sticky), so the job stops and that worker is restarted."""
+
+    def __init__(self, message: str, worker: str) -> None:
+        super().__init__(message)
+        self.worker = worker
+        """The address of the worker whose device faulted ("" when not on a worker)."""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from worker to client whole
+        return (type(self), (str(self), self.worker))
+
+
 class VerificationError(PipelineError, ArithmeticError):
     """The product does not match A @ B within tolerance."""
 

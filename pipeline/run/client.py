@@ -26,6 +26,7 @@ from pipeline.cputime import account
 from pipeline.errors import (
     BackendUnavailableError,
     ClusterError,
+    DeviceFaultError,
     JobError,
     PipelineError,
     UsageError,
@@ -33,6 +34,7 @@ from pipeline.errors import (
 from pipeline.plan import MatmulPlan
 from pipeline.progress import ProgressLine
 from pipeline.run import events, worker
+from pipeline.run.faults import restart_faulted
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import add_phases, process_usage
 
@@ -186,7 +188,10 @@ def collect(
                 for future in done:
                     if future.status == "error":
                         client.cancel(list(pending))
-                        raise _job_error(future, len(futures))
+                        error = _job_error(future, len(futures))
+                        if isinstance(error, DeviceFaultError):
+                            restart_faulted(client, error)
+                        raise error
                     tile: TileStats = future.result()
                     stats.append(tile)
                     line.add(flops[tile.index], tile.bytes_read, tile.index, panels)

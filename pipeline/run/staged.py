@@ -24,6 +24,7 @@ from kernels.device.engine import Panel, StagedProduct, StagedStats
 from pipeline.errors import PipelineError
 from pipeline.plan import Tile, row_bands
 from pipeline.plan.device import STAGED_PANELS
+from pipeline.run.faults import fault_error, is_device_fault
 from pipeline.run.reading import host_pool, open_task, read_panel
 from pipeline.run.spec import TaskSpec
 from pipeline.run.timing import PhaseTimes
@@ -37,12 +38,12 @@ def product(
     spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...], clock: PhaseTimes
 ) -> tuple[NDArray[Any], int]:
     """(the tile's partial product on the host, bytes decoded) over the given K panels."""
-    engine = _engine(spec, tile)
     with _named_bad_chunks(spec, tile, panels):
+        engine = _engine(spec, tile)
         stats = engine.run(_panels(spec, tile, panels, clock))
-    _account(stats, clock)
-    with clock.measure("copy"):
-        return engine.result(), stats.bytes_decoded
+        _account(stats, clock)
+        with clock.measure("copy"):
+            return engine.result(), stats.bytes_decoded
 
 
 def product_bands(
@@ -61,9 +62,9 @@ def product_bands(
             np.copyto(rows, host)
         finished(band, rows)
 
-    engine = _engine(spec, tile)
     bands = row_bands(tile.shape[0], spec.block_shape[0] if spec.block_shape else None)
     with _named_bad_chunks(spec, tile, panels):
+        engine = _engine(spec, tile)
         stats = engine.run(_panels(spec, tile, panels, clock), hand_over, bands)
     _account(stats, clock)
     return stats.bytes_decoded
@@ -73,22 +74,37 @@ def product_bands(
 def _named_bad_chunks(
     spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
 ) -> Iterator[None]:
-    """With --gpu-decode a corrupt chunk fails on the device, in nvCOMP's words: read the
-    task's panels on the host then, so that the error names the chunk as the host path does."""
+    """With --gpu-decode a corrupt chunk may fail on the device, in nvCOMP's words, or as a
+    CUDA error: read the task's panels on the host then, so that the error names the chunk as
+    the host path does. A CUDA error leaves as one DeviceFaultError (pipeline.run.faults),
+    which restarts the worker."""
     try:
         yield
     except PipelineError:
         raise
-    except Exception:
+    except Exception as e:
+        fault = is_device_fault(e)
+        what = f"tile {tile.index}"
         if spec.gpu_decode:
-            a, b, _ = open_task(spec, tile, panels)
-            ta, tb = spec.store.transposed  # read where stored
-            for k in panels:
-                at_a = (k, tile.rows) if ta else (tile.rows, k)
-                at_b = (tile.cols, k) if tb else (k, tile.cols)
-                inputs.read_block(a, *at_a, spec.compute_dtype, "A", spec.store.a_url)
-                inputs.read_block(b, *at_b, spec.compute_dtype, "B", spec.store.b_url)
+            try:
+                _read_on_host(spec, tile, panels)
+            except PipelineError as named:
+                if fault:
+                    raise fault_error(e, what, f"; read on the host: {named}") from named
+                raise
+        if fault:
+            raise fault_error(e, what) from e
         raise
+
+
+def _read_on_host(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> None:
+    a, b, _ = open_task(spec, tile, panels)
+    ta, tb = spec.store.transposed  # read where stored
+    for k in panels:
+        at_a = (k, tile.rows) if ta else (tile.rows, k)
+        at_b = (tile.cols, k) if tb else (k, tile.cols)
+        inputs.read_block(a, *at_a, spec.compute_dtype, "A", spec.store.a_url)
+        inputs.read_block(b, *at_b, spec.compute_dtype, "B", spec.store.b_url)
 
 
 def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:

@@ -55,7 +55,7 @@ def has_crc32c(array: Any) -> bool:
     """True when ``array``'s chunks end in zarr's crc32c of their bytes (v3 codecs end so)."""
     from zarr.codecs import Crc32cCodec
 
-    codecs = getattr(array.metadata, "codecs", ())
+    codecs: tuple[Any, ...] = tuple(getattr(array.metadata, "codecs", ()))
     return bool(codecs) and isinstance(codecs[-1], Crc32cCodec)
 
 
