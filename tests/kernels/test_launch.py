@@ -101,6 +101,12 @@ def test_grid_y_limit_is_explained() -> None:
 
 def test_tile_of_one() -> None:
     assert tiled_launch(3, 2, 1) == LaunchConfig(grid=(2, 3), block=(1, 1))
+    assert blocked_launch(3, 2, 1, 1, 1) == LaunchConfig(grid=(2, 3), block=(1, 1))
+
+
+@pytest.mark.parametrize(("m", "n", "grid"), [(0, 5, (1, 0)), (5, 0, (0, 1)), (0, 0, (0, 0))])
+def test_blocked_launch_of_an_empty_output(m: int, n: int, grid: tuple[int, int]) -> None:
+    assert blocked_launch(m, n, 128, 128, 256).grid == grid  # no blocks: the host skips it
 
 
 @pytest.mark.parametrize(
