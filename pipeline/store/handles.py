@@ -8,12 +8,15 @@ from typing import Any
 
 import zarr
 
+from pipeline.store.direct import DirectLocalStore
 from pipeline.store.fs import fsspec_options
 
 
 @functools.lru_cache(maxsize=32)
 def _open(url: str, options_json: str, mode: str, token: str) -> Any:
     options = fsspec_options(url, json.loads(options_json))
+    if mode != "r" and "://" not in url and not options:  # a local OUT: large chunks O_DIRECT
+        return zarr.open_array(store=DirectLocalStore(url), mode=mode)
     return zarr.open_array(url, mode=mode, storage_options=options)
 
 
