@@ -4,18 +4,26 @@ row norms of the stored values, whose rounding the tolerance must allow."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.store import inputs as io
 
-if TYPE_CHECKING:
-    from pipeline.run.verify_tasks import CheckSpec
+
+class Checked(Protocol):
+    """What of verify's task spec (run/verify_tasks.CheckSpec) C's reading needs."""
+
+    @property
+    def urls(self) -> tuple[str, str, str]: ...
+    @property
+    def options(self) -> dict[str, Any]: ...
+    @property
+    def scaled(self) -> tuple[str | None, float, float] | None: ...
 
 
-def checked_c(job: CheckSpec) -> Any:
+def checked_c(job: Checked) -> Any:
     """C as verify reads it: the stored array, or its accumulation undone."""
     c = io.open_input(job.urls[2], job.options, "C")
     if job.scaled is None:
