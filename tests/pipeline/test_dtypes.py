@@ -61,6 +61,9 @@ def test_accepted(a: str, b: str, k: int, asked: str | None, out: str, acc: str)
          r"0\.\.4,294,967,295"),  # negative sums can't be unsigned
         ("uint8", "uint8", 10, "int8", r"--dtype int8 holds -128\.\.127; pass --dtype int32"),
         ("int64", "int64", 2, "int64", r"no integer dtype holds it: pass --dtype float64"),
+        # sums exactly at a suggestion's edges: 0..65,025 fits uint16, 0..255 fits uint8
+        ("uint8", "uint8", 1, "uint8", r"pass --dtype uint16 \(the smallest integer dtype"),
+        ("bool", "bool", 255, "int8", r"0\.\.255 .* pass --dtype uint8 \(the smallest"),
         ("int32", "int32", 2, "float16", r"--dtype float16 holds ±6\.55e\+04"),  # to inf
         ("float32", "float32", 10, "int32", r"would truncate .* choose a float dtype"),
         ("complex64", "float32", 10, "float64", r"would drop the imaginary part"),
@@ -76,6 +79,19 @@ def test_refused(a: str, b: str, k: int, asked: str | None, message: str) -> Non
     kind = (IntegerOverflowError, OverflowError) if overflow else (UsageError,)
     assert all(isinstance(caught.value, c) for c in kind), type(caught.value)
     assert caught.value.exit_code == 2
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "k", "want"),
+    [
+        ("int8", "uint8", 3, (3 * -128 * 255, 3 * 127 * 255)),  # mixed signs: lo from a_lo * b_hi
+        ("uint8", "int8", 2, (2 * 255 * -128, 2 * 255 * 127)),  # lo from a_hi * b_lo
+        ("int8", "int8", 2, (2 * -128 * 127, 2 * -128 * -128)),  # hi from a_lo * b_lo
+        ("bool", "int16", 4, (4 * -32768, 4 * 32767)),
+    ],
+)
+def test_sum_range_takes_every_corner(a: str, b: str, k: int, want: tuple[int, int]) -> None:
+    assert sum_range(a, b, k) == want
 
 
 @settings(max_examples=300, deadline=None)
