@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint bench bench-general bench-model calibrate bench-gpu bench-feed clean
+.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-model calibrate bench-gpu bench-feed clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,14 @@ test-slow: venv
 # On a machine with a CUDA GPU (and CuPy for the cublas tests): real kernels, no simulator.
 test-gpu: venv
 	TILEGEMM_TEST_GPU=1 $(PY) -m pytest -m gpu
+
+# Mutation score of the modules users feel (issue 23): mutmut 3 in scratch copies of HEAD, each
+# module against its own tests (benchmarks/mutate.py). Not in CI: ~2 min (launch math) to tens
+# of minutes (cluster tests) per module on 2 cores; MUTATE=launch cpu ... picks targets.
+MUTATE ?=
+mutate: venv
+	$(PY) -m pip install --quiet mutmut==3.8.1
+	nice -n 19 $(PY) -m benchmarks.mutate $(if $(MUTATE),--only $(MUTATE)) --out benchmarks/results/mutation.md
 
 lint: venv
 	$(PY) -m ruff check pipeline kernels cluster tests benchmarks docs

@@ -1,0 +1,127 @@
+"""Mutation score of the modules whose mistakes users feel (issue 23), each against its own tests.
+
+    python -m benchmarks.mutate [--only NAME ...] [--out benchmarks/results/mutation.md]
+
+For each target: a scratch copy of the checkout (git archive HEAD), mutmut 3 told to mutate that
+one module and to run only the named tests (it runs, per mutant, the tests that reach the
+mutated function), then its counts and surviving mutants (with their diffs) go into the
+report. Not part of CI: minutes per module on 2 cores; run it under ``nice -n 19``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+TARGETS = {
+    "launch": ("kernels/cuda/launch.py", ["tests/kernels/test_launch.py"]),
+    "cpu": ("kernels/cpu.py", ["tests/kernels/test_cpu.py"]),
+    "tiled": ("kernels/cuda/tiled.py", ["tests/kernels/test_cuda_tiled.py"]),
+    "dtypes": ("pipeline/plan/dtypes.py", ["tests/pipeline/test_dtypes.py"]),
+    "lock": ("pipeline/store/lock.py", ["tests/pipeline/test_lock.py"]),
+    "journal": ("pipeline/store/journal.py", ["tests/pipeline/test_crash.py"]),
+    "verify": (
+        "pipeline/run/verify_tasks.py",
+        ["tests/pipeline/test_verify.py", "tests/pipeline/test_verify_strength.py"],
+    ),
+}
+"""name: (module, its tests)."""
+
+SETUP_CFG = """[mutmut]
+source_paths=
+  pipeline
+  kernels
+  cluster
+only_mutate={module}
+pytest_add_cli_args_test_selection=
+{tests}
+pytest_add_cli_args=
+  -p
+  no:cacheprovider
+process_isolation=forkserver
+"""
+# forkserver: the suite's conftest requires numba unimported, which a forked worker of
+# mutmut's main process (stats run) would break.
+
+
+def run_target(name: str, module: str, tests: list[str], children: int) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix=f"mutate-{name}-") as scratch:
+        work = Path(scratch)
+        archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True,
+                                 check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+        lines = "\n".join(f"  {t}" for t in tests)
+        (work / "setup.cfg").write_text(SETUP_CFG.format(module=module, tests=lines))
+        mutmut = [sys.executable, "-m", "mutmut"]
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(work), os.environ.get("PYTHONPATH", "")]),
+        }
+        started = time.perf_counter()
+        subprocess.run([*mutmut, "run", "--max-children", str(children)], cwd=work, env=env,
+                       capture_output=True, check=False)  # fmt: skip
+        seconds = time.perf_counter() - started
+        listing = subprocess.run([*mutmut, "results", "--all", "true"], cwd=work, env=env,
+                                 capture_output=True, text=True, check=False).stdout  # fmt: skip
+        statuses = dict(re.findall(r"^\s*(\S+): (.+)$", listing, re.M))
+        survivors = {m: _diff(mutmut, work, env, m) for m, s in statuses.items() if s != "killed"}
+    counts: dict[str, int] = {}
+    for status in statuses.values():
+        counts[status] = counts.get(status, 0) + 1
+    return {"module": module, "tests": tests, "seconds": seconds, "counts": counts,
+            "survivors": survivors}  # fmt: skip
+
+
+def _diff(mutmut: list[str], work: Path, env: dict[str, str], mutant: str) -> str:
+    shown = subprocess.run([*mutmut, "show", mutant], cwd=work, env=env, capture_output=True,
+                           text=True, check=False).stdout  # fmt: skip
+    return "\n".join(x for x in shown.splitlines() if re.match(r"^[-+](?![-+])", x))
+
+
+def report(results: dict[str, dict[str, object]]) -> str:
+    rows = ["| target | module | mutants | killed | not killed | score | minutes |",
+            "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in results.items():
+        counts: dict[str, int] = r["counts"]  # type: ignore[assignment]
+        total, killed = sum(counts.values()), counts.get("killed", 0)
+        score = f"{100 * killed / total:.0f} %" if total else "-"
+        rows.append(f"| {name} | {r['module']} | {total} | {killed} | {total - killed} | "
+                    f"{score} | {float(r['seconds']) / 60:.1f} |")  # type: ignore[arg-type]  # fmt: skip
+    out = ["# Mutation score (mutmut 3, python -m benchmarks.mutate)", "", *rows, ""]
+    for name, r in results.items():
+        survivors: dict[str, str] = r["survivors"]  # type: ignore[assignment]
+        out += [f"## {name}: not killed ({len(survivors)}), tests: {', '.join(r['tests'])}", ""]  # type: ignore[arg-type]
+        for mutant, diff in survivors.items():
+            out += [f"- `{mutant}`", "", "  ```diff", *(f"  {x}" for x in diff.splitlines()),
+                    "  ```", ""]  # fmt: skip
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", nargs="*", choices=sorted(TARGETS), help="targets to run")
+    parser.add_argument("--children", type=int, default=2, help="mutants tested at once")
+    parser.add_argument("--out", type=Path, help="write the report here (default: print it)")
+    args = parser.parse_args(argv)
+    results = {}
+    for name in args.only or TARGETS:
+        module, tests = TARGETS[name]
+        results[name] = run_target(name, module, tests, args.children)
+        print(f"{name}: {results[name]['counts']} in {results[name]['seconds']:.0f} s", flush=True)
+        if args.out:  # after each target: a long run stopped midway keeps what it measured
+            args.out.write_text(report(results))
+    if not args.out:
+        print(report(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
