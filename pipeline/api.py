@@ -19,7 +19,7 @@ from distributed import Client
 from numpy.typing import DTypeLike
 
 from cluster import ClusterSpec
-from kernels.backends import AUTO, CHOICES, get_backend, staged_backends
+from kernels.backends import AUTO, CHOICES, PRECISIONS, get_backend, staged_backends
 from pipeline import accumulation, settings
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.job import MatmulJob
@@ -28,7 +28,7 @@ from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import dimension_names
 from pipeline.plan.operands import check_gram, operands
-from pipeline.planning import plan_for, planning_backend
+from pipeline.planning import check_job_precision, plan_for, planning_backend
 from pipeline.store import inputs
 from pipeline.store.fs import absolute, check_protocol, resolve_url
 from pipeline.store.locate import locate, merge_options
@@ -52,6 +52,7 @@ def prepare(
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
     gpu_decode: bool = False,
+    precision: str = "fp32",
     transpose_a: bool = False,
     transpose_b: bool = False,
     dtype: DTypeLike | None = None,
@@ -73,8 +74,12 @@ def prepare(
     cluster started and nothing written. ``print(job)`` shows the plan; ``job.execute()``
     runs it. ``dtype``, ``chunks`` and ``shards`` choose OUT's layout (default: follow the
     inputs; see the README). ``transpose_a``/``transpose_b`` multiply op(A) = Aᵀ / op(B) = Bᵀ,
-    read in place; ``symmetric`` is set by ``pipeline.gram`` only (op(B) = op(A)ᵀ)."""
+    read in place; ``symmetric`` is set by ``pipeline.gram`` only (op(B) = op(A)ᵀ).
+    ``precision``: "fp32" (the dtype's own arithmetic), "tf32" or "3xtf32" (tensor cores:
+    float32 data, a GPU backend that lists it; refused before any work otherwise)."""
     settings.check_all()  # every tilegemm.* setting, before any work
+    if precision not in PRECISIONS:
+        raise UsageError(f"unknown precision {precision!r}; choose {', '.join(PRECISIONS)}")
     if backend not in CHOICES:
         raise UsageError(f"unknown backend {backend!r}; choose {', '.join(CHOICES)}")
     if overwrite and resume:
@@ -103,6 +108,7 @@ def prepare(
         memory_limit_bytes=_bytes(memory_limit),
         device_memory_limit_bytes=_bytes(device_memory_limit),
         gpu_decode=gpu_decode,
+        precision=precision,
         overwrite=overwrite,
         resume=resume,
         accumulate=accumulate,
@@ -169,6 +175,7 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
         a_spec, b_spec, options, state, None, backend,
         transposed=store.transposed, symmetric=store.symmetric,
     )  # fmt: skip
+    check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
     dims = dimension_names(*(_names(x, t) for x, t in zip(arrays, store.transposed, strict=True)))
     digest = _metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
@@ -185,6 +192,7 @@ def multiply(
     memory_limit: int | str | None = None,
     device_memory_limit: int | str | None = None,
     gpu_decode: bool = False,
+    precision: str = "fp32",
     transpose_a: bool = False,
     transpose_b: bool = False,
     dtype: DTypeLike | None = None,
@@ -205,7 +213,8 @@ def multiply(
     see the README."""
     job = prepare(
         a, b, out, backend=backend, memory_limit=memory_limit,
-        device_memory_limit=device_memory_limit, gpu_decode=gpu_decode, dtype=dtype,
+        device_memory_limit=device_memory_limit, gpu_decode=gpu_decode, precision=precision,
+        dtype=dtype,
         transpose_a=transpose_a, transpose_b=transpose_b, chunks=chunks, shards=shards,
         overwrite=overwrite, resume=resume, accumulate=accumulate, alpha=alpha, beta=beta,
         verify=verify, storage_options=storage_options,

@@ -168,6 +168,7 @@ def _product_options(args: argparse.Namespace) -> dict[str, Any]:
         "memory_limit": args.memory_limit,
         "device_memory_limit": args.device_memory_limit,
         "gpu_decode": args.gpu_decode,
+        "precision": args.precision,
         "dtype": args.dtype,
         "chunks": args.chunks,
         "shards": args.shards,
@@ -227,6 +228,7 @@ def run_verify(args: argparse.Namespace) -> int:
             progress=not args.no_progress and sys.stderr.isatty(),
             transpose_a=args.transpose_a,
             transpose_b=args.transpose_b,
+            precision=args.precision,
         )
     print(format_verify(result))
     if not result.passed:

@@ -9,7 +9,7 @@ import difflib
 import re
 from typing import Any, NoReturn
 
-from kernels.backends import CHOICES
+from kernels.backends import CHOICES, PRECISIONS
 from pipeline.errors import UsageError
 from pipeline.plan.units import parse_size
 from pipeline.sensitive import ENV, is_sensitive, merged, options_from_env, options_from_file
@@ -60,6 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
         ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
     ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
     ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
+    ver.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        help="the precision C was computed at, for the tolerance (default: as C's attributes "
+        "record it; fp32 for a C this tool did not write)",
+    )
     _transpose_args(ver, verify=True)
     _cluster_args(ver)
     ver.add_argument(
@@ -112,6 +118,14 @@ def _product_args(p: argparse.ArgumentParser, multiply: bool) -> None:
         action="store_true",
         help="cuda/emulated: copy zstd chunks compressed and decode them on the GPU (nvCOMP on "
         "the workers), not on the host",
+    )
+    p.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="fp32",
+        help="fp32: the dtype's own arithmetic (default); tf32: tensor cores, ~2^-10 relative "
+        "per product (cuda, cublas); 3xtf32: three TF32 products per step, float32-class "
+        "accuracy (cuda). Tensor precisions take float32 data; the cpu backend refuses them",
     )
     p.add_argument(
         "--dtype",

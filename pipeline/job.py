@@ -24,10 +24,11 @@ from pipeline.options import JobOptions, MultiplyResult
 from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, operands
 from pipeline.plan.gpu import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
-from pipeline.planning import fingerprint, plan_for, planning_backend
+from pipeline.planning import check_job_precision, fingerprint, plan_for, planning_backend
 from pipeline.report import add_to_report, format_plan, report_context
 from pipeline.run.client import (
     check_gpu_decode,
+    check_tensor_simulator,
     collect,
     describe_workers,
     release_panels,
@@ -112,6 +113,8 @@ class MatmulJob:
             backend = resolve_backend(c, opts.backend, self.plan.compute_dtype)
             if opts.gpu_decode:
                 check_gpu_decode(c, backend)
+            check_job_precision(opts.backend, backend, self.plan.compute_dtype, opts.precision)
+            check_tensor_simulator(c, backend, opts.precision)
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
             at_start = resume.listings(self.store)
@@ -176,6 +179,7 @@ class MatmulJob:
             overlap=settings.get("gpu-overlap"),
             read_concurrency=self._read_concurrency(spec.make_device is not None),
             gpu_decode=self.options.gpu_decode,
+            precision=plan.precision,
             alpha=self.options.alpha,
             beta=self.options.beta,
             accumulate=self.options.accumulate,
@@ -217,6 +221,7 @@ class MatmulJob:
         self.output.save_input_listings(now)
         attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
         attributes.update(operands.attributes(plan.transposed, plan.symmetric))  # for verify
+        attributes["precision"] = plan.precision  # verify's tolerance follows it
         if self.options.alpha != 1:
             attributes["alpha"] = self.options.alpha  # verify checks C == alpha * A @ B
         self.output.create(
@@ -253,6 +258,7 @@ class MatmulJob:
             client, store.a_url, store.b_url, store.out_url, store.storage_options,
             progress=opts.progress, transpose_a=store.transposed[0],
             transpose_b=store.transposed[1], alpha=opts.alpha, c_old=(original, opts.beta),
+            precision=opts.precision,
         )  # fmt: skip
         if not result.passed:
             log.error(

@@ -22,6 +22,9 @@ class JobOptions:
     """Per worker's GPU, in bytes: GPU plans fit it (None: the device's own memory)."""
     gpu_decode: bool = False
     """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
+    precision: str = "fp32"
+    """A name in kernels.backends.PRECISIONS: fp32 (the dtype's own arithmetic), or TF32 /
+    3xTF32 tensor cores (float32 data on a GPU backend that lists it)."""
     overwrite: bool = False
     resume: bool = False
     accumulate: bool = False

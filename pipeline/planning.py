@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import psutil
 
-from kernels.backends import AUTO, BACKENDS, CPU
+from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, PRECISIONS, check_precision
 from pipeline import settings
+from pipeline.errors import UsageError
 from pipeline.options import JobOptions
 from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
 from pipeline.plan.device import default_decode_threads
@@ -52,7 +53,7 @@ def plan_for(
         workers, threads = live["workers"], live["threads"]
         limit = min(x for x in (budget, live["memory_limit"] or total) if x)
     forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
-    return plan_matmul(
+    plan = plan_matmul(
         a,
         b,
         cache_fraction=settings.get("cache-fraction"),
@@ -68,6 +69,24 @@ def plan_for(
         transposed=transposed,
         symmetric=symmetric,
     )
+    return replace(plan, precision=options.precision)
+
+
+def check_job_precision(requested: str, resolved: str | None, dtype: str, precision: str) -> None:
+    """UsageError (one line: what, the fix) unless the job's backend computes ``dtype`` at
+    ``precision``. ``resolved``: None before the workers are asked, when "auto" is checked
+    for what the GPU backend it may become needs."""
+    if requested == AUTO and resolved == CPU and precision in PRECISIONS[1:]:
+        raise UsageError(
+            f"--precision {precision} runs on tensor cores, but --backend auto chose cpu (not "
+            "a GPU on every worker, or not float32 data); use --precision fp32, or workers "
+            f"with GPUs and --backend {AUTO_GPU}"
+        )
+    backend = resolved or (AUTO_GPU if requested == AUTO else requested)
+    try:
+        check_precision(backend, dtype, precision)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def fingerprint(
@@ -85,6 +104,8 @@ def fingerprint(
         "panels": list(plan.k_panels),  # the old digest's list (at most MAX_PANELS)
         **(factors or {}),  # --alpha, --beta, --accumulate: only when set
         **attributes(plan.transposed, plan.symmetric),  # transposes, gram: only when set
+        # fp32 left out, so the digests of plans before --precision did not change
+        **({"precision": plan.precision} if plan.precision != "fp32" else {}),
     }
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -28,6 +28,7 @@ def format_plan(plan: MatmulPlan) -> str:
             f"{_operation(plan)}{m}x{k} @ {k}x{n} -> {m}x{n} {plan.out.dtype} "
             f"(accumulate in {plan.compute_dtype})",
         ),
+        ("precision", _precision(plan)),
         (
             "input chunks",
             f"A {plan.a.chunks[0]}x{plan.a.chunks[1]}, B {plan.b.chunks[0]}x{plan.b.chunks[1]}",
@@ -70,6 +71,21 @@ def _operation(plan: MatmulPlan) -> str:
     if ta or tb:
         return f"{'Aᵀ' if ta else 'A'} @ {'Bᵀ' if tb else 'B'}: "
     return ""
+
+
+PRECISION_TEXT = {
+    "fp32": "the dtype's own arithmetic",
+    "tf32": "tensor cores, factors rounded to TF32: ~2^-10 relative per product",
+    "3xtf32": "tensor cores, three TF32 products per step (float32-class accuracy)",
+}
+
+
+def _precision(plan: MatmulPlan) -> str:
+    """The arithmetic asked for; tensor-core rates are not modelled (unmeasured here)."""
+    text = f"{plan.precision} ({PRECISION_TEXT[plan.precision]})"
+    if plan.precision != "fp32" and plan.device is not None:
+        text += "; time modelled at the fp32 rate"
+    return text
 
 
 def _task_memory(plan: MatmulPlan) -> str:
@@ -122,7 +138,8 @@ def format_summary(result: MultiplyResult) -> str:
     computed = plan.flops * result.tiles_computed // max(plan.n_tiles, 1)  # skipped: not ours
     return (
         f"done: {result.shape[0]}x{result.shape[1]} {result.dtype} in {result.seconds:.2f} s "
-        f"({computed / seconds / 1e9:.1f} GFLOP/s, backend {result.backend}); "
+        f"({computed / seconds / 1e9:.1f} GFLOP/s, backend {result.backend}, "
+        f"precision {plan.precision}); "
         f"tiles computed {result.tiles_computed}, skipped {result.tiles_skipped}; "
         f"read {format_bytes(result.bytes_read)} "
         f"({_ratio(result.bytes_read, plan.lower_bound_read_bytes)} x lower bound); "

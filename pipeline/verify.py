@@ -16,7 +16,11 @@ when
   scales don't fool the median. Tight for zero-mean data, where the bound is ~√k too loose.
 - verifier_i = u64·(√k·‖A_i‖₂·‖B‖_F + √n·‖C_i‖₂): this check's own float64 rounding.
 
-u is the unit roundoff of the accumulator dtype and u_C of C's. A correct product passes with a
+u is the unit roundoff of the accumulator dtype and u_C of C's. A product computed on tensor
+cores (--precision tf32 or 3xtf32, recorded in C's attributes) also rounded every factor to
+u_p = PRECISION_UNIT (2^-11 for TF32): each term a_ik·b_kj is off by at most 2·u_p·|a_ik·b_kj|,
+so c_ij by 2·u_p·‖A_i‖₂·‖B_j‖₂ (Cauchy-Schwarz, whatever K), which bound_i adds as
+2·u_p·‖A_i‖₂·‖B‖_F. A correct product passes with a
 wide margin (measured in tests/pipeline/test_verify.py); a wrong element is caught when its error
 exceeds about TAU·SAFETY times its row's rounding noise.
 
@@ -39,6 +43,7 @@ from typing import Any
 import numpy as np
 from distributed import Client, Future
 
+from kernels.backends import PRECISIONS
 from pipeline.errors import InputError, JobError, UnfinishedOutputError
 from pipeline.plan.operands import operands
 from pipeline.plan.spec import ArraySpec
@@ -124,14 +129,17 @@ def verify_product(
     transpose_b: bool | None = None,
     alpha: float | None = None,
     c_old: tuple[str, float] | None = None,
+    precision: str | None = None,
 ) -> VerifyResult:
     """Check C == α·op(A)·op(B) (+ β·C_old: ``c_old`` = (its URL, β), after --accumulate);
-    the transposes and α default to those C's attributes record, and a Gram product's C
-    (recorded symmetric) must also equal its transpose bitwise."""
+    the transposes, α and the precision (the tolerance's) default to those C's attributes
+    record (fp32 for a C without ours), and a Gram product's C (recorded symmetric) must also
+    equal its transpose bitwise."""
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
     (a, b, c), transposed, symmetric = check_operation(a_url, b_url, c_url, options, given)
     alpha = _recorded_alpha(c_url, options) if alpha is None else alpha
+    precision = precision or _recorded_precision(c_url, options)
     scaled = None
     if c_old is not None or alpha != 1:
         old_url, beta = c_old if c_old is not None else (None, 0.0)
@@ -147,6 +155,7 @@ def verify_product(
         sample,
         transposed,
         scaled,
+        precision,
     )
     run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
     line = CheckLine(progress)
@@ -261,6 +270,19 @@ def _recorded_alpha(c_url: str, options: dict[str, Any]) -> float:
     """The α a product of ours was scaled by (``--alpha``; 1 when none is recorded)."""
     ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
     return float(ours.get("alpha", 1.0)) if isinstance(ours, dict) else 1.0
+
+
+def _recorded_precision(c_url: str, options: dict[str, Any]) -> str:
+    """The precision a product of ours was computed at (``--precision``; fp32 when none is
+    recorded, as before the option)."""
+    ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
+    found = ours.get("precision", "fp32") if isinstance(ours, dict) else "fp32"
+    if found not in PRECISIONS:
+        raise InputError(
+            f"C records precision {found!r}, not one of {', '.join(PRECISIONS)}; pass "
+            "--precision to say which it was computed at"
+        )
+    return str(found)
 
 
 def _check_finished(c: Any, urls: tuple[str, str, str]) -> None:

@@ -192,7 +192,9 @@ class EmulatedDevice:
         b: DeviceBuffer,
         stream: Stream,
         rows: tuple[int, int] | None = None,
+        precision: str = "fp32",
     ) -> None:
+        # Modelled at the fp32 rate: the emulated backend lists fp32 only (check_precision).
         r0, r1 = band_rows(rows, acc.shape[0])
         check_panels((r1 - r0, acc.shape[1]), acc.dtype, a, b)  # type: ignore[arg-type]
         flops = 2 * (r1 - r0) * acc.shape[1] * a.shape[1]

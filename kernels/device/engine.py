@@ -101,12 +101,15 @@ class StagedProduct:
         decode_threads: int = 2,
         depth: int = 2,
         serialize: bool = False,
+        precision: str = "fp32",
     ) -> None:
         if decode_threads < 1 or depth < 1:
             raise ValueError(f"need decode_threads, depth >= 1, got {decode_threads}, {depth}")
         self.device, self.pool = device, pool
         self.shape, self.dtype = (int(shape[0]), int(shape[1])), np.dtype(dtype)
         self.decode_threads, self.depth, self.serialize = decode_threads, depth, serialize
+        self.precision = precision
+        """Given to every gemm: the device picks its kernel for it (kernels.backends.PRECISIONS)."""
         self.streams = _Streams(device.stream(), device.stream(), device.stream())
         # Zeroed on the compute stream, so every gemm is ordered after it.
         self.acc = device.zeros(self.shape, self.dtype, self.streams.compute)
@@ -167,7 +170,9 @@ class _Run:
                 self.top_up(self.engine.depth, may_wait=False)  # decode ahead meanwhile
             slot = self.upload(self.current)
             if finished is None or self.staged or self.next is not None:
-                self.device.gemm(self.engine.acc, slot.a, slot.b, s.compute)
+                self.device.gemm(
+                    self.engine.acc, slot.a, slot.b, s.compute, None, self.engine.precision
+                )
                 slot.free = _recorded(self.device, s.compute)
             else:
                 self.release()  # hold no buffers while waiting for the band buffers
@@ -249,7 +254,9 @@ class _Run:
             ready: list[tuple[tuple[int, int], NDArray[Any], Event]] = []
             for i, (r0, r1) in enumerate(bands):
                 if slot is not None:
-                    self.device.gemm(acc, slot.a[r0:r1], slot.b, s.compute, (r0, r1))
+                    self.device.gemm(
+                        acc, slot.a[r0:r1], slot.b, s.compute, (r0, r1), self.engine.precision
+                    )
                 host = lease.arrays[i % 2][: r1 - r0]
                 _order(self.device, s.compute, s.d2h)
                 self.device.copy_to_host(acc[r0:r1], host, s.d2h)

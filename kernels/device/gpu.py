@@ -1,5 +1,5 @@
 """The real device: the current CUDA GPU through numba-cuda (or its simulator), with the cuda
-backend's default kernel variant. numba is imported lazily."""
+backend's kernel variant for each gemm's dtype and precision. numba is imported lazily."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ from kernels.panels import band_rows, check_panels
 
 class NumbaDevice:
     """The current CUDA device through numba-cuda (or the simulator), with the cuda backend's
-    default kernel variant, so results are bitwise those of ``CudaAccumulator``.
+    kernel variant for the dtype and precision, so results are bitwise those of
+    ``CudaAccumulator``.
 
     Safe to share among threads: each engine uses its own streams; the simulator, which keeps
     its kernel state in a module global, gets the accumulator's lock around launches.
@@ -77,12 +78,13 @@ class NumbaDevice:
         b: DeviceArray,
         stream: Stream,
         rows: tuple[int, int] | None = None,
+        precision: str = "fp32",
     ) -> None:
         from kernels.cuda.host import launch_product, select_variant
 
         r0, r1 = band_rows(rows, acc.shape[0])
         c = acc[r0:r1]
-        variant = select_variant(self.variant_name, np.dtype(acc.dtype))
+        variant = select_variant(self.variant_name, np.dtype(acc.dtype), precision)
         check_panels(c.shape, variant.dtype, a, b)
         if not self.record_kernels:
             launch_product(variant, a, b, c, stream)

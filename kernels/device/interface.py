@@ -64,9 +64,10 @@ class Device(Protocol):
         b: DeviceArray,
         stream: Stream,
         rows: tuple[int, int] | None = None,
+        precision: str = "fp32",
     ) -> None:
         """Queue ``acc += a @ b``; with ``rows=(r0, r1)`` only ``acc[r0:r1]``, ``a`` holding
-        just those rows."""
+        just those rows; ``precision`` (kernels.backends.PRECISIONS) picks the arithmetic."""
 
     def decoder(self, stream: Stream) -> Decoder:
         """A decoder of compressed panels whose work is queued on ``stream``: an engine makes

@@ -70,6 +70,9 @@ class MatmulPlan:
     symmetric: bool = False
     """A Gram product (op(B) = op(A)ᵀ): square tiles on one grid, only those on and above the
     diagonal are tasks, each written with its mirror."""
+    precision: str = "fp32"
+    """The kernel's arithmetic (kernels.backends.PRECISIONS): fp32, or TF32 / 3xTF32 tensor
+    cores; stated by --dry-run, fingerprinted, recorded in OUT (the rates stay fp32's)."""
 
     @property
     def panel_width(self) -> int:

@@ -95,6 +95,28 @@ def check_gpu_decode(client: Client, backend: str) -> None:
         )
 
 
+def check_tensor_simulator(client: Client, backend: str, precision: str) -> None:
+    """Our tensor-core kernels run inline PTX, which numba's CUDA simulator cannot run: a
+    tf32/3xtf32 job on the cuda backend is refused before any work where a worker simulates."""
+    if precision == "fp32" or backend != AUTO_GPU:
+        return
+    simulating = sorted(w for w, on in client.run(_simulating).items() if on)
+    if simulating:
+        raise BackendUnavailableError(
+            f"--precision {precision} runs our tensor-core kernel (inline PTX), which numba's "
+            f"CUDA simulator cannot run; {len(simulating)} worker(s) simulate CUDA "
+            f"(NUMBA_ENABLE_CUDASIM=1, e.g. {simulating[0]}): use --precision fp32 there, or "
+            "workers with a GPU"
+        )
+
+
+def _simulating() -> bool:
+    """Runs on a worker: numba's CUDA simulator is on."""
+    import os
+
+    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
+
+
 def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute_dtype: str) -> str:
     missing = sorted(w for w, d in devices.items() if not d.get(spec.name))
     if missing:

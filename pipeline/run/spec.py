@@ -43,6 +43,8 @@ class TaskSpec:
     overlap: bool = True
     """GPU backends: decode, copies and kernels overlap (False: one after the other, the
     baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""
+    precision: str = "fp32"
+    """The kernel's arithmetic (kernels.backends.PRECISIONS), already checked for the backend."""
     gpu_decode: bool = False
     """Stage zstd chunks compressed and decode them on the device (--gpu-decode), where the
     inputs qualify (pipeline.store.raw_chunks)."""

@@ -120,6 +120,7 @@ def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
         decode_threads=spec.decode_threads,
         depth=STAGED_PANELS,  # what the plan's staging memory counts
         serialize=not spec.overlap,
+        precision=spec.precision,
     )
 
 

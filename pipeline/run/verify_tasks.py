@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.backends import PRECISION_UNIT
 from pipeline.plan import result_dtype
 from pipeline.plan.dtypes import accumulator_dtype
 from pipeline.plan.spec import ArraySpec
@@ -104,6 +105,9 @@ class CheckSpec:
     scaled: tuple[str | None, float, float] | None = None
     """(C_old's URL or None, α, β): C = α·op(A)·op(B) + β·C_old, and (C − β·C_old)/α is
     checked (pipeline/run/accumulated.py)."""
+    precision: str = "fp32"
+    """What C was computed at (kernels.backends.PRECISIONS): tensor precisions round every
+    factor, which the tolerance adds (pipeline/verify.py)."""
 
     __repr__ = redacted_repr
 
@@ -226,7 +230,9 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     c_norm = np.sqrt(c_sq)
     # C's own rounding: of the stored values, not of (C - β·C_old)/α when accumulated.
     stored = _unit(c_spec.dtype) * (c_norm if job.scaled is None else c.stored_norms(rows))
-    bound = _unit(compute) * np.sqrt(max(k, 1)) * a_norm * b_norm + stored
+    # Tensor cores round both factors of every term: at most 2·u_p·‖A_i‖·‖B_j‖ per element.
+    factors = 2 * PRECISION_UNIT.get(job.precision, 0.0) * a_norm * b_norm
+    bound = _unit(compute) * np.sqrt(max(k, 1)) * a_norm * b_norm + factors + stored
     measured = noise * a_norm * b_norm + stored
     verifier = U64 * (np.sqrt(max(k, 1)) * a_norm * b_norm + np.sqrt(n) * c_norm)
     tol = TAU * (np.minimum(bound, measured) + verifier) + np.finfo(np.float64).tiny

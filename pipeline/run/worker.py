@@ -140,7 +140,7 @@ def _accumulator(spec: TaskSpec, tile: Tile) -> Any:
     """A zeroed accumulator; a Gram product's diagonal tile needs only its upper part."""
     upper = mirror.is_diagonal(spec.store.symmetric, tile)
     return make_accumulator(
-        spec.backend, tile.shape, spec.compute_dtype, spec.block_shape, upper=upper
+        spec.backend, tile.shape, spec.compute_dtype, spec.block_shape, upper, spec.precision
     )
 
 
