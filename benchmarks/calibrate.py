@@ -11,8 +11,9 @@ small chunks weigh as much as big ones. Then one BLAS thread's sgemm rate, dask'
 and what a tiny job's whole command costs (the interpreter, starting a local cluster,
 creating and finishing OUT). Last, three whole jobs, each bound by one resource group (product,
 decode, write), scale that group's figures to what a job takes (threads sharing cores, memory
-and fresh pages). Each figure is the fastest of ``--repeats`` runs (other work on a shared
-machine only ever adds).
+and fresh pages). Figures are CPU seconds (this process's, or the job's workers'), the least of
+``--repeats`` runs, so other work on a shared machine barely moves them (dask's cost per task is
+a wall time).
 Prints the fits with each size's measured and fitted seconds.
 """
 
@@ -22,6 +23,8 @@ import argparse
 import datetime
 import json
 import os
+import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -37,6 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from pipeline.generate import write_random
 from pipeline.plan.costs import ChunkCost, CostModel
+from pipeline.plan.model import grouped
 from pipeline.store import chunk_read
 from pipeline.store.chunk_sizes import decode_exact
 from pipeline.store.inputs import open_input
@@ -47,14 +51,17 @@ SIZES = (64, 128, 256, 512, 1024, 2048)
 Sample = tuple[int, int, float]  # chunks, bytes, seconds
 
 
-def best_seconds(run: Callable[[], Any], repeats: int) -> float:
-    """The fastest of ``repeats`` runs: the machine's own cost, least disturbed by other work
-    on it (a shared machine's load only ever adds)."""
+def best_seconds(
+    run: Callable[[], Any], repeats: int, clock: Callable[[], float] = time.process_time
+) -> float:
+    """The least of ``repeats`` runs' seconds on ``clock``: by default this process's CPU
+    seconds (all its threads, user and system), which other work on a shared machine barely
+    changes, where the wall clock doubles under load."""
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         run()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
@@ -116,6 +123,14 @@ def output_samples(root: Path, repeats: int) -> tuple[list[Sample], ...]:
     return raw, packed, stored
 
 
+def children_cpu() -> float:
+    """CPU seconds of this process's finished children and theirs (a CLI run, its workers):
+    an idle machine's wall time for a job that mostly starts up (0.82-0.93 s against a 0.76
+    s wall on a 64² product), where the wall doubles under load."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def flops_per_second(repeats: int) -> float:
     """One BLAS thread's sgemm rate while every core runs one (as a job's tasks do)."""
     from concurrent.futures import ThreadPoolExecutor
@@ -129,8 +144,8 @@ def flops_per_second(repeats: int) -> float:
         def all_cores() -> None:
             list(pool.map(lambda _: a @ b, range(cores)))
 
-        seconds = best_seconds(all_cores, repeats)
-    return 2 * 2048**3 / seconds
+        cpu_seconds = best_seconds(all_cores, repeats)  # of all the cores' threads
+    return cores * 2 * 2048**3 / cpu_seconds
 
 
 def accumulator_seconds(repeats: int) -> tuple[float, float]:
@@ -168,7 +183,7 @@ def task_and_setup_seconds(root: Path, repeats: int) -> tuple[float, float]:
     argv = [sys.executable, "-m", "pipeline", "multiply", a, b, str(root / "c64.zarr")]
     setup = best_seconds(  # the whole command: interpreter, its own local cluster, OUT
         lambda: subprocess.run([*argv, "--overwrite", "--no-progress"], check=True,
-                               capture_output=True), repeats,
+                               capture_output=True), repeats, children_cpu,
     )  # fmt: skip
     with (
         LocalCluster(n_workers=1, threads_per_worker=2, dashboard_address=":0") as cluster,
@@ -179,7 +194,8 @@ def task_and_setup_seconds(root: Path, repeats: int) -> tuple[float, float]:
         def tasks() -> None:
             client.gather(client.map(abs, range(400), pure=False))
 
-        per_task = best_seconds(tasks, repeats) * 2 / 400
+        per_task = best_seconds(tasks, repeats, time.perf_counter) * 2 / 400  # the workers'
+
     return per_task + tile_task_seconds(a, b, root, repeats), setup
 
 
@@ -187,7 +203,6 @@ def tile_task_seconds(a: str, b: str, root: Path, repeats: int) -> float:
     """One tile task of a 64x64 product run in this process: what a task costs besides its
     work (opening the stores, its reading and writing threads, the journal)."""
     from pipeline.plan import StoreSpec, plan_matmul
-    from pipeline.planning import fingerprint
     from pipeline.run.spec import TaskSpec
     from pipeline.run.worker import tile_product_write
     from pipeline.store.inputs import array_spec
@@ -198,7 +213,7 @@ def tile_task_seconds(a: str, b: str, root: Path, repeats: int) -> float:
     out = str(root / "task.zarr")
     Output(out).create(plan.out.shape, plan.out.chunks, plan.out.dtype, {})
     spec = TaskSpec(
-        StoreSpec(a, b, out), "cpu", plan.compute_dtype, plan.out.dtype, fingerprint(plan),
+        StoreSpec(a, b, out), "cpu", plan.compute_dtype, plan.out.dtype, "calibrate",
         block_shape=plan.block_shape,
     )  # fmt: skip
     tile, panels = next(iter(plan.tiles())), tuple(plan.k_panels)
@@ -238,11 +253,11 @@ def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
 
 
 def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[str, float]]:
-    """The one-thread figures scaled to what whole jobs take: each of JOBS (the whole CLI,
-    as the setup was timed) is timed, fastest of ``repeats``, and the group bounding it
-    is scaled until the plan's seconds match (a few rounds: the bound may move). On 2 cores
-    a job's threads share the cores, the memory bus and fresh pages, which one thread alone
-    does not see."""
+    """The one-thread figures scaled to what whole jobs take: each of JOBS runs as the CLI
+    (least of ``repeats``) and its workers' CPU seconds (its ``time:`` line: user + system,
+    every thread) are set against the plan's modelled thread-seconds, the group bounding it
+    scaled to match (a few rounds: the bound may move). On 2 cores a job's threads share the
+    cores, the memory bus and fresh pages, which one thread alone does not see."""
     import pipeline.plan.matmul as matmul
     from pipeline import prepare
 
@@ -252,20 +267,29 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
         write_random(a, a_shape, a_chunks, "float32", 1, overwrite=True)
         write_random(b, b_shape, b_chunks, "float32", 2, overwrite=True)
         argv = [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite"]
-        wall = best_seconds(lambda x=argv: subprocess.run(x, check=True, capture_output=True),
-                            repeats)  # fmt: skip
-        runs.append((group, a, b, out, wall))
+        runs.append((group, a, b, out, min(workers_cpu(argv) for _ in range(repeats))))
     factors = dict.fromkeys(("product", "decode", "write"), 1.0)
     for _ in range(4):
-        for group, a, b, out, wall in runs:
+        for group, a, b, out, cpu in runs:
             matmul.COSTS, matmul.TASK_OVERHEAD_SECONDS = costs, costs.task_seconds
             plan = prepare(a, b, out, overwrite=True).plan
-            bound = plan.bound_by
-            factor = max(wall - costs.setup_seconds, 1e-3) / max(plan.estimated_seconds, 1e-3)
+            model = grouped(dict(matmul.cpu_resource_seconds(plan)))
+            bound = max(model, key=lambda k: model[k])
+            rest = sum(v for k, v in model.items() if k != bound) * plan.workers
+            factor = max(cpu - rest, 1e-3) / max(model[bound] * plan.workers, 1e-3)
             costs = scaled(costs, bound, factor)
             factors[bound] *= factor
-            print(f"  {group} job: {wall:.2f} s measured, bound by {bound}: x{factor:.2f}")
+            print(f"  {group} job: {cpu:.2f} CPU s, bound by {bound}: x{factor:.2f}")
     return costs, factors
+
+
+def workers_cpu(argv: list[str]) -> float:
+    """The workers' CPU seconds (user + system) of one CLI run, from its ``time:`` line."""
+    done = subprocess.run(argv, check=True, capture_output=True, text=True)
+    found = re.search(r"user ([0-9.]+) s, system ([0-9.]+) s", done.stdout + done.stderr)
+    if found is None:
+        raise RuntimeError(f"no workers' CPU line in: {done.stdout[-500:]}")
+    return float(found.group(1)) + float(found.group(2))
 
 
 def machine() -> str:

@@ -71,7 +71,7 @@ def modelled(a: str, b: str, out: str) -> dict[str, Any]:
     (product; decode = read + decode; write = encode + write)."""
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--dry-run"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, cwd=Path(a).parent,
     )  # fmt: skip
     text = done.stdout
     found = re.search(r"^modelled seconds\s+(.*?) \(", text, re.M)
@@ -95,7 +95,7 @@ def measured(a: str, b: str, out: str) -> dict[str, float]:
     start = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--no-progress"],
-        capture_output=True, text=True, check=True,
+        capture_output=True, text=True, check=True, cwd=Path(a).parent,
     )  # fmt: skip
     wall = time.perf_counter() - start
     text = done.stdout + done.stderr
@@ -151,7 +151,7 @@ def main() -> None:
     parser.add_argument("--cases", default=",".join(c.name for c in CASES))
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args()
-    data = Path(args.data)
+    data = Path(args.data).resolve()  # runs start in it: no checkout on sys.path by cwd
     data.mkdir(parents=True, exist_ok=True)
     rows = []
     for case in (c for c in CASES if c.name in args.cases.split(",")):
