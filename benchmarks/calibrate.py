@@ -308,9 +308,9 @@ def source(costs: CostModel) -> str:
 
     return "\n".join(
         [
-            '"""The cost model\'s constants, written by ``python -m benchmarks.calibrate`` on',
-            f"{costs.machine} ({costs.measured}). Rerun it on the",
-            'machine to plan for; do not edit by hand."""',
+            '"""The cost model\'s constants, written by ``python -m benchmarks.calibrate`` on the',
+            "machine named below (its ``measured``: when, and how each group was scaled to whole",
+            'jobs). Rerun it on the machine to plan for; do not edit by hand."""',
             "",
             "from pipeline.plan.costs import ChunkCost, CostModel",
             "",

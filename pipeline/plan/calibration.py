@@ -1,6 +1,6 @@
-"""The cost model's constants, written by ``python -m benchmarks.calibrate`` on
-Intel(R) Xeon(R) Processor, 2 cores (2026-11-25, best of 5, in-job product x1.57, decode x1.73, write x1.71). Rerun it on the
-machine to plan for; do not edit by hand."""
+"""The cost model's constants, written by ``python -m benchmarks.calibrate`` on the
+machine named below (its ``measured``: when, and how each group was scaled to whole
+jobs). Rerun it on the machine to plan for; do not edit by hand."""
 
 from pipeline.plan.costs import ChunkCost, CostModel
 
