@@ -277,10 +277,34 @@ def test_object_store_lock_tells_a_reused_pid_from_its_holder(
     me = psutil.Process()
     write_lock(out, me.pid, socket.gethostname(), me.create_time() + started_offset)
     if not taken_over:
-        with pytest.raises(UnsafeOutputError, match=rf"another job \(pid {me.pid} on"):
+        words = (
+            rf"OUT \(racy://{out}\) is being written by another job \(pid {me.pid} on "
+            rf"{socket.gethostname()} since .*\); wait for it to finish or stop it, then rerun "
+            "with --resume$"
+        )
+        with pytest.raises(UnsafeOutputError, match=words):
             lock.acquire(f"racy://{out}", {})
         return
     held = lock.acquire(f"racy://{out}", {})
     assert json.loads((out / "lock.json").read_text())["token"] == held.token
     held.release()
     assert not (out / "lock.json").exists()
+
+
+def test_object_store_lock_of_another_host_is_refused_with_the_way_out(tmp_path: Path) -> None:
+    """A holder on another host can't be checked from here: refused, naming the file to delete
+    if that job is gone (never taken over, whatever its pid means here)."""
+    from tests.pipeline import racy_fs
+
+    racy_fs.register()
+    out = tmp_path / "c.zarr"
+    out.mkdir()
+    write_lock(out, os.getpid(), "some-other-host", psutil.Process().create_time())
+    words = (
+        rf"OUT \(racy://{out}/\) is locked by a job \(pid {os.getpid()} on some-other-host "
+        r"since .*\) on another host, which can't be checked from here; if that job is gone, "
+        rf"delete racy://{out}/lock.json and rerun$"
+    )
+    with pytest.raises(UnsafeOutputError, match=words):
+        lock.acquire(f"racy://{out}/", {})
+    assert json.loads((out / "lock.json").read_text())["host"] == "some-other-host"
