@@ -21,6 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.panels import band_rows
+from kernels.zeroed import zeros
 
 ROW_MAJOR, NO_TRANS, TRANS, UPPER = 101, 111, 112, 121
 _SYMBOLS = {
@@ -127,7 +128,7 @@ class CpuAccumulator:
         block: tuple[int, int] | None = None,
         upper: bool = False,
     ) -> None:
-        self.acc = np.zeros(shape, dtype=dtype)
+        self.acc = zeros(shape, dtype)  # memory of an earlier task's accumulator, when free
         self.block = (
             (max(block[0], 1), max(block[1], 1)) if block else (max(shape[0], 1), max(shape[1], 1))
         )

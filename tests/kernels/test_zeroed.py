@@ -1,0 +1,60 @@
+"""Accumulator memory reused across tasks: zeroed every time, never while a view lives."""
+
+from __future__ import annotations
+
+import gc
+
+import numpy as np
+
+from kernels import zeroed
+from kernels.cpu import CpuAccumulator
+
+SHAPE = (512, 1024)  # 2 MiB of float32: above MIN_BYTES
+
+
+def _address(x: np.ndarray) -> int:
+    return int(x.__array_interface__["data"][0])
+
+
+def test_reused_memory_is_zeroed() -> None:
+    first = zeroed.zeros(SHAPE, "float32")
+    first[:] = 7.0
+    where = _address(first)
+    del first
+    gc.collect()
+    second = zeroed.zeros(SHAPE, "float32")
+    assert _address(second) == where  # the same memory, not fresh pages
+    assert second.shape == SHAPE and second.dtype == np.float32 and not second.any()
+
+
+def test_a_live_view_keeps_its_memory() -> None:
+    first = zeroed.zeros(SHAPE, "float64")
+    band = first[100:200, 3:]  # what a band writer holds after the task dropped the array
+    band[:] = 1.0
+    where = _address(first)
+    del first
+    gc.collect()
+    second = zeroed.zeros(SHAPE, "float64")
+    assert _address(second) != where and not second.any()
+    assert (band == 1.0).all()  # untouched by the second array's zeroing
+
+
+def test_small_and_unfitting_requests() -> None:
+    small = zeroed.zeros((4, 4), "float32")
+    assert small.base is None and not small.any()  # plain numpy
+    big = zeroed.zeros(SHAPE, "float32")
+    del big
+    gc.collect()
+    bigger = zeroed.zeros((1024, 1024), "float32")  # nothing kept fits: fresh, zero
+    assert not bigger.any() and bigger.shape == (1024, 1024)
+
+
+def test_cpu_accumulators_reuse_and_stay_correct() -> None:
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((512, 64)), rng.standard_normal((64, 1024))
+    for _ in range(3):  # each starts from zero on the previous one's memory
+        acc = CpuAccumulator(SHAPE, "float64")
+        acc.add(a, b)
+        np.testing.assert_allclose(acc.result(), a @ b, rtol=1e-12, atol=1e-12)
+        del acc
+        gc.collect()
