@@ -4,10 +4,13 @@ Each repeat runs the whole CLI (``python -m pipeline multiply``) and reads its `
 (CPU-seconds by kind, pipeline.cputime: they sum to the workers' user + system), then one
 in-memory ``a @ b`` of the same matrices in a fresh process (its CPU-seconds and wall time
 around the matmul alone). The run with the fewest CPU-seconds of the CLI is reported beside
-the median BLAS: "not the product" is the workers' CPU-seconds less the product row.
+the median BLAS: "not the product" is the workers' CPU-seconds less the product row. With
+``--baseline DIR`` (another checkout, e.g. ``git archive`` of an older commit) its CLI runs in
+turn with this one's, so both see the same load, and the table has a column for each.
 
     python -m benchmarks.cpu_account --size 12288 --repeats 2   # the issue's fixed case
     python -m benchmarks.cpu_account --size 8192                # a quicker look
+    python -m benchmarks.cpu_account --size 8192 --baseline /tmp/before   # before/after
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -24,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu_peers import make_inputs, run_tool
+from benchmarks.cpu_peers import make_inputs
 from pipeline.cputime import ROWS
 
 RESULTS = Path(__file__).parent / "results"
@@ -48,12 +52,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--data", default="bench-data", help="scratch folder for the Zarr data")
     parser.add_argument("--name", default=None, help="results file stem (default: no file)")
+    parser.add_argument("--baseline", default=None, help="another checkout to run in turn")
     args = parser.parse_args(argv)
     data = Path(args.data)
     a, b = make_inputs(data, args.size, args.chunk, args.dtype)
-    runs, blas = [], []
-    for _ in range(args.repeats):  # alternate, so a noisy neighbour slows both alike
-        runs.append(run_cli(a, b, data / "out-account.zarr"))
+    runs: dict[str, list[dict[str, Any]]] = {"this": []}
+    if args.baseline:
+        runs["baseline"] = []
+    blas = []
+    for _ in range(args.repeats):  # alternate, so a noisy neighbour slows all alike
+        for which in runs:
+            checkout = args.baseline if which == "baseline" else None
+            runs[which].append(run_cli(a, b, data / "out-account.zarr", checkout))
         blas.append(run_blas(a, b))
     table = format_table(args, runs, blas)
     print(table)
@@ -64,11 +74,21 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_cli(a: str, b: str, out: Path) -> dict[str, Any]:
-    """One whole CLI run: wall seconds and its CPU-seconds by kind (ROWS)."""
-    result = run_tool("pipeline", a, b, out)
-    return {"wall": result["seconds"], "rows": parse_rows(result["accounting"]),
-            "line": result["accounting"], "summary": result["summary"]}  # fmt: skip
+def run_cli(a: str, b: str, out: Path, checkout: str | None = None) -> dict[str, Any]:
+    """One whole CLI run (of ``checkout``'s pipeline when given): wall seconds and its
+    CPU-seconds by kind (ROWS)."""
+    shutil.rmtree(out, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pipeline", "multiply", a, b, str(out), "--no-progress",
+           "--dashboard-address", "127.0.0.1:0"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": checkout} if checkout else None
+    started = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=checkout)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise RuntimeError(f"the CLI failed: {done.stderr[-2000:]}")
+    lines = done.stdout.strip().splitlines()
+    line = next((x for x in lines if x.startswith("time:")), "")
+    return {"wall": wall, "rows": parse_rows(line), "line": line, "summary": lines[-1]}
 
 
 def parse_rows(line: str) -> dict[str, float]:
@@ -86,40 +106,57 @@ def run_blas(a: str, b: str) -> dict[str, float]:
     return result
 
 
-def format_table(args: argparse.Namespace, runs: list[dict[str, Any]], blas: list[Any]) -> str:
-    best = min(runs, key=lambda r: sum(r["rows"].values()))
-    total = sum(best["rows"].values())
+def format_table(
+    args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]], blas: list[Any]
+) -> str:
+    best = {which: min(r, key=lambda x: sum(x["rows"].values())) for which, r in runs.items()}
+    names = {"this": "this checkout", "baseline": f"baseline ({args.baseline})"}
     blas_cpu = statistics.median(x["cpu_seconds"] for x in blas)
     blas_wall = statistics.median(x["seconds"] for x in blas)
+    columns = list(reversed(runs))  # baseline first: before, after
+    baseline = f" --baseline {args.baseline}" if args.baseline else ""
     lines = [
         f"# CPU-seconds by kind, {args.size}² {args.dtype} ({args.chunk}² chunks)",
         "",
         f"Command: `python -m benchmarks.cpu_account --size {args.size} --chunk {args.chunk} "
-        f"--dtype {args.dtype} --repeats {args.repeats}`; {time.strftime('%Y-%m-%d %H:%M')}; "
-        f"CPU: {_cpu_model()}, load average {_load()}.",
+        f"--dtype {args.dtype} --repeats {args.repeats}{baseline}`; "
+        f"{time.strftime('%Y-%m-%d %H:%M')}; CPU: {_cpu_model()}, load average {_load()} at "
+        "the end. Each column: the run with the fewest CPU-seconds (each run's figures after /).",
         "",
-        "| kind | CPU-s (best of runs) | each run |",
-        "|---|---|---|",
+        "| kind | " + " | ".join(names[c] for c in columns) + " |",
+        "|---|" + "---|" * len(columns),
     ]
-    for row in ROWS:
-        each = ", ".join(f"{r['rows'][row]:.2f}" for r in runs)
-        lines.append(f"| {row} | {best['rows'][row]:.2f} | {each} |")
-    each = ", ".join(f"{sum(r['rows'].values()):.2f}" for r in runs)
-    blas_each = ", ".join(f"{x['cpu_seconds']:.2f}" for x in blas)
-    walls = ", ".join(f"{r['wall']:.2f}" for r in runs)
+    for row in [*ROWS, "total", "not the product"]:
+        cells = []
+        for c in columns:
+            each = [_cell(r["rows"], row) for r in runs[c]]
+            cells.append(
+                f"{_cell(best[c]['rows'], row):.2f} / {', '.join(f'{x:.2f}' for x in each)}"
+            )
+        lines.append(f"| {row} | " + " | ".join(cells) + " |")
     lines += [
-        f"| **workers' user + system** | **{total:.2f}** | {each} |",
-        f"| not the product | {total - best['rows']['product']:.2f} | |",
-        f"| numpy BLAS in memory (median) | {blas_cpu:.2f} | {blas_each} |",
+        f"| numpy BLAS in memory (median) | {blas_cpu:.2f} / "
+        + ", ".join(f"{x['cpu_seconds']:.2f}" for x in blas)
+        + " |"
+        + " |" * (len(columns) - 1),
         "",
-        f"Wall: the whole CLI {best['wall']:.2f} s (runs {walls}), in-memory BLAS "
-        f"{blas_wall:.2f} s: **{blas_wall / best['wall']:.2f} of BLAS**.",
-        "",
-        f"Best run: {best['summary']}",
-        f"  {best['line']}",
+        f"Wall (best run's CLI, whole command) against in-memory BLAS {blas_wall:.2f} s: "
+        + "; ".join(
+            f"{names[c]} {best[c]['wall']:.2f} s = **{blas_wall / best[c]['wall']:.2f} of BLAS**"
+            for c in columns
+        ),
         "",
     ]
+    for c in columns:
+        lines += [f"{names[c]}, best run: {best[c]['summary']}", f"  {best[c]['line']}", ""]
     return "\n".join(lines)
+
+
+def _cell(rows: dict[str, float], row: str) -> float:
+    total = sum(rows.values())
+    if row == "total":
+        return total  # the workers' user + system
+    return total - rows["product"] if row == "not the product" else rows[row]
 
 
 def _cpu_model() -> str:
