@@ -5,9 +5,11 @@ per chunk here, where fetching the stored bytes costs 15 us and decoding a 16 Ki
 us (64x64 float32, 2-core Xeon). Small chunks spend most of their time there. This path fetches
 a batch of stored chunks in one round trip through the store, decodes each into exactly its own
 size (pipeline.store.chunk_sizes: the same bounds as every other read) and copies the part the
-block needs into the caller's buffer. Arrays it does not cover (sharded, filters, a transposing
-or big-endian layout, codecs other than one compressor) and blocks with an unstored chunk go
-through zarr as before.
+block needs into the caller's buffer. A chunk wholly inside a block one chunk wide is decoded
+straight into the caller's buffer (its rows are contiguous there), which zarr cannot do (it
+decodes into its own buffer, then copies): such blocks of large chunks come this way too.
+Arrays it does not cover (sharded, filters, a transposing or big-endian layout, codecs other
+than one compressor) and blocks with an unstored chunk go through zarr as before.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ from pipeline.store.chunk_sizes import DECODERS, decode_exact
 BATCH_CHUNKS = 10
 """Stored chunks fetched in one round trip at least (zarr's own reads hold as many)."""
 DIRECT_MAX_CHUNK_BYTES = 2**20
-"""Larger chunks go through zarr: there its per-chunk cost is a few percent of the decode, and
-it decodes a read's chunks in parallel."""
+"""Larger chunks go through zarr (its per-chunk cost is a few percent of their decode, and it
+decodes a read's chunks in parallel) unless the block holds one whole and contiguous."""
 
 
 @dataclass(frozen=True)
@@ -87,13 +89,22 @@ def _v3_codec_id(codec: Any) -> str | None:
     return None
 
 
-def readable(array: Any) -> bool:
-    """True when this path reads ``array``: a layout it covers, chunks of at most
-    DIRECT_MAX_CHUNK_BYTES."""
+def readable(
+    array: Any, rows: tuple[int, int] | None = None, cols: tuple[int, int] | None = None
+) -> bool:
+    """True when this path reads ``array`` (``[rows, cols]`` of it): a layout it covers, and
+    chunks of at most DIRECT_MAX_CHUNK_BYTES, or compressed ones decoding straight into the
+    block (it is one whole chunk wide and holds at least one whole chunk)."""
     found = layout(array)
-    return found is not None and math.prod(found.chunks) * found.dtype.itemsize <= (
-        DIRECT_MAX_CHUNK_BYTES
-    )
+    if found is None:
+        return False
+    if math.prod(found.chunks) * found.dtype.itemsize <= DIRECT_MAX_CHUNK_BYTES:
+        return True
+    if found.codec is None or rows is None or cols is None:
+        return False
+    (cm, cn) = found.chunks
+    one_chunk_wide = cols[0] % cn == 0 and cols[1] - cols[0] == cn
+    return one_chunk_wide and -(-rows[0] // cm) * cm + cm <= rows[1]
 
 
 def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDArray[Any]) -> bool:
@@ -118,16 +129,25 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
         for (i, j), data in zip(part, _stored(array, part), strict=True):
             if data is None:
                 return False  # unstored: its fill value is zarr's to give
+            r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
+            c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
+            target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
             if found.codec is None:
                 if data.nbytes != chunk_bytes:
                     return False  # zarr says what is wrong with it
                 decoded = data
+            elif (
+                target.shape == (cm, cn)
+                and target.dtype == found.dtype
+                and (target.flags.c_contiguous)
+            ):  # the whole chunk, its rows contiguous: decoded in place, no copy
+                decode_exact(
+                    found.codec, data, chunk_bytes, what, target.reshape(-1).view(np.uint8)
+                )
+                continue
             else:
                 decoded = decode_exact(found.codec, data, chunk_bytes, what)
             chunk = decoded.view(found.dtype).reshape(cm, cn)
-            r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
-            c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
-            target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
             np.copyto(target, chunk[r0 - i * cm : r1 - i * cm, c0 - j * cn : c1 - j * cn], "unsafe")
     return True
 

@@ -47,11 +47,18 @@ def check_declared(codec: str, data: Frames, expected: int, what: str) -> int | 
     return declared
 
 
-def decode_exact(codec: str, data: Frames, expected: int, what: str) -> NDArray[np.uint8]:
-    """``data`` stored with ``codec`` decoded into a new buffer of exactly ``expected`` bytes,
-    or refused (ChunkSizeError) without decoding more than that."""
+def decode_exact(
+    codec: str, data: Frames, expected: int, what: str, into: NDArray[np.uint8] | None = None
+) -> NDArray[np.uint8]:
+    """``data`` stored with ``codec`` decoded into a new buffer of exactly ``expected`` bytes
+    (or into ``into``, C-contiguous bytes of that size: no copy after), or refused
+    (ChunkSizeError) without decoding more than that."""
     declared = check_declared(codec, data, expected, what)
-    view, out = _bytes(data), np.empty(expected, dtype=np.uint8)
+    out = into if into is not None else np.empty(expected, dtype=np.uint8)
+    if out.nbytes != expected or not out.flags.c_contiguous:
+        raise ValueError(f"decode into {out.nbytes:,} bytes (contiguous: {out.flags.c_contiguous})"
+                         f", not {expected:,}")  # fmt: skip
+    view = _bytes(data)
     try:
         with LEDGER.measure("decode"):
             DECODERS[codec](view, out)

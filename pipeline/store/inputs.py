@@ -196,7 +196,7 @@ def read_block(
     """
     selection = (slice(rows[0], rows[1]), slice(cols[0], cols[1]))
     try:
-        if chunk_read.readable(array):  # small chunks: no trip through zarr per chunk
+        if chunk_read.readable(array, rows, cols):  # small chunks, or decoded in place
             into = out if out is not None else np.empty(_span(rows, cols), dtype=dtype)
             if chunk_read.read_into(array, rows, cols, into):
                 return into
