@@ -17,11 +17,12 @@ if os.environ.get("TILEGEMM_TEST_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
 
+from cluster.tuning import worker_config  # noqa: E402  (pure: no dask, no numba)
+
 # Every cluster of the suite, in this process and in CLI subprocesses, as cluster.start makes
-# its own: no worker profiler where it can deadlock the interpreter (cluster.tuning's
-# PROFILER_DEADLOCKS; importing `cluster` here would find tests/cluster first).
-if sys.version_info < (3, 11, 12):
-    os.environ["DASK_DISTRIBUTED__WORKER__PROFILE__ENABLED"] = "False"
+# its own: no worker profiler where it can deadlock the interpreter (see worker_config).
+for _key, _value in worker_config().items():
+    os.environ["DASK_" + _key.upper().replace(".", "__").replace("-", "_")] = str(_value)
 
 from collections.abc import Iterator  # noqa: E402
 
@@ -29,8 +30,7 @@ import dask  # noqa: E402
 import pytest  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
-if sys.version_info < (3, 11, 12):  # in case a plugin imported dask before the variable was set
-    dask.config.set({"distributed.worker.profile.enabled": False})
+dask.config.set(worker_config())  # in case a plugin imported dask before the variables were set
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -50,5 +50,4 @@ def test_no_worker_profiler_where_it_deadlocks(workers: int) -> None:
 
 
 def test_the_suite_runs_its_clusters_as_start_does() -> None:
-    # conftest repeats cluster.tuning's version check (it cannot import `cluster` that early)
     assert dask.config.get("distributed.worker.profile.enabled") is not PROFILER_DEADLOCKS
