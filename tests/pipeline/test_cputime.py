@@ -19,7 +19,7 @@ from tests.helpers import random_matrix, run_cli, write_array
 
 def _spin(seconds: float) -> None:
     """Burn about ``seconds`` of this thread's user CPU time (no system calls in the loop)."""
-    for _ in range(int(seconds * 2e7)):
+    for _ in range(int(seconds * 5e7)):
         pass
 
 
@@ -61,7 +61,7 @@ def test_on_zarrs_threads_is_counted_apart() -> None:
     thread = threading.Thread(target=work, name="zarr_pool_0")
     thread.start()
     thread.join()
-    assert ledger.totals()["in_zarr"] == ledger.totals()["decode"] > 0.02
+    assert ledger.totals()["in_zarr"] == ledger.totals()["decode"] > 0.005
 
 
 def test_rows_sum_to_user_plus_system() -> None:
