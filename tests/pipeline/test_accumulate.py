@@ -95,10 +95,9 @@ def test_failed_tiles_are_added_once_on_resume(
     def tile_of(args: tuple[Any, ...]) -> Any:
         if fail_at == "journal":
             return args[1]  # _journal(spec, tile, ...)
-        old = args[2]  # combine(spec, partial, a band of the tile's C_old): one per band
-        while old.base is not None:
-            old = old.base
-        return id(old)
+        # combine(spec, partial, C_old's band) runs per band in the tile's own band-writer
+        # thread (a pool per task): the thread object, kept here, names the tile
+        return threading.current_thread()
 
     def failing(real: Any) -> Any:
         def wrapped(*args: Any, **kwargs: Any) -> Any:
