@@ -8,7 +8,9 @@ Regions nest: an inner one's seconds go to its own kind only. zarr's own threads
 loop and the pool it decodes and stores in) are read from /proc as a whole, less what our
 regions measured in them. Everything else is "other" (the interpreter, dask, the journal):
 ``user = Σ kinds + zarr + other`` and the system seconds (page faults, file I/O, munmap) are
-one row of their own.
+one row of their own. Linux splits a thread's time into user and system by sampling at each
+scheduler tick (the sum is exact), so a kind is an estimate good to a few ticks: fine for
+seconds, noise for a job of milliseconds.
 """
 
 from __future__ import annotations

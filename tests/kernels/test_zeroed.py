@@ -5,11 +5,18 @@ from __future__ import annotations
 import gc
 
 import numpy as np
+import pytest
 
 from kernels import zeroed
 from kernels.cpu import CpuAccumulator
 
 SHAPE = (512, 1024)  # 2 MiB of float32: above MIN_BYTES
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no buffer kept (earlier tests' accumulators leave some)."""
+    monkeypatch.setattr(zeroed, "_kept", [])
 
 
 def _address(x: np.ndarray) -> int:

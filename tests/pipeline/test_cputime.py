@@ -76,9 +76,11 @@ def test_rows_sum_to_user_plus_system() -> None:
 
 
 def test_a_job_accounts_its_cpu_seconds(tmp_path: Path, client: Client) -> None:
+    # Big enough that every kind spans many scheduler ticks: a thread's user/system split is
+    # sampled per tick by Linux (their sum is exact), so a few-ms kind can read 0.
     rng = np.random.default_rng(7)
-    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (512, 768), "float32"), (256, 256))
-    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (768, 512), "float32"), (256, 256))
+    a = write_array(tmp_path / "a.zarr", random_matrix(rng, (1536, 2048), "float32"), (512, 512))
+    b = write_array(tmp_path / "b.zarr", random_matrix(rng, (2048, 1536), "float32"), (512, 512))
     usage = multiply(a, b, str(tmp_path / "c.zarr"), client=client).usage
     rows = {row: usage[f"cpu_{row}"] for row in ROWS}
     total = usage["user_seconds"] + usage["system_seconds"]
