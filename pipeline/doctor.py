@@ -20,8 +20,10 @@ from typing import Any
 
 import numpy as np
 
-GPU_CHECKS = ("devices", "kernels", "pinned", "bandwidth", "speed", "cublas", "figures")
+PROBE_CHECKS = ("devices", "kernels", "pinned", "bandwidth", "speed", "cublas", "figures", "nvcomp")
 """What the GPU probe reports (kernels.device.probe), in order."""
+GPU_CHECKS = (*PROBE_CHECKS, "cluster")
+"""Every GPU check: the probe's, then the LocalCUDACluster job (pipeline.doctor_cluster)."""
 PROBE_TIMEOUT_S = 600
 PACKAGES = ("numpy", "dask", "distributed", "zarr", "numba", "numba-cuda", "dask-cuda")
 
@@ -47,6 +49,7 @@ def run_doctor(as_json: bool, require_gpu: bool) -> int:
     else:
         checks.append(Check("driver", "pass", driver))
         checks += gpu_probe()
+        checks += cluster_check(checks)
     print(json.dumps([asdict(c) for c in checks], indent=1) if as_json else report(checks))
     failed = any(c.status == "fail" for c in checks)
     return 1 if failed and (driver is not None or require_gpu) else 0
@@ -166,15 +169,28 @@ def find_driver() -> str | None:
 
 def gpu_probe() -> list[Check]:
     """kernels.device.probe in a child process: its JSON checks, or one failure saying why."""
+    return run_child("kernels.device.probe", "devices")
+
+
+def cluster_check(found: list[Check]) -> list[Check]:
+    """The LocalCUDACluster job in a child process, once the probe found a working GPU."""
+    if not any(c.check == "devices" and c.status in ("pass", "warn") for c in found):
+        return [Check("cluster", "skip", "no working GPU (see devices)")]
+    return run_child("pipeline.doctor_cluster", "cluster")
+
+
+def run_child(module: str, name: str) -> list[Check]:
+    """``python -m module`` with a timeout, outside the simulator: the JSON checks it prints,
+    or one failed check ``name`` saying why."""
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "kernels.device.probe"],
+            [sys.executable, "-m", module],
             capture_output=True, text=True, timeout=PROBE_TIMEOUT_S, env=env,
         )  # fmt: skip
         return [Check(**c) for c in json.loads(done.stdout)]
     except subprocess.TimeoutExpired:
-        return [Check("devices", "fail", f"the GPU probe ran past {PROBE_TIMEOUT_S} s", "")]
+        return [Check(name, "fail", f"{module} ran past {PROBE_TIMEOUT_S} s", "")]
     except (ValueError, TypeError):
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return [Check("devices", "fail", f"the GPU probe failed: {tail}", "run it with --debug")]
+        return [Check(name, "fail", f"{module} failed: {tail}", f"run python -m {module}")]

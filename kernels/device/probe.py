@@ -43,7 +43,18 @@ def devices() -> tuple[dict[str, str], Any]:
             shown.append(
                 f"{dev.name} CC {cc[0]}.{cc[1]} {total / 2**30:.0f} GiB ({free / 2**30:.0f} free)"
             )
-    return check("devices", "pass", "; ".join(shown)), cuda
+    nvml, fix = nvml_facts()
+    return check("devices", "warn" if fix else "pass", "; ".join([*shown, nvml]), fix), cuda
+
+
+def nvml_facts(module: Any = None) -> tuple[str, str]:
+    """(MIG mode and CPU affinity of each GPU, the fix when MIG is on), from NVML."""
+    from kernels.device.nvml import describe, gpu_facts
+
+    try:
+        return describe(gpu_facts(module))
+    except Exception as e:  # noqa: BLE001 - no NVML (missing wheel or library): say so
+        return f"NVML unavailable ({type(e).__name__}: {e}): MIG and CPU affinity unknown", ""
 
 
 def kernels_vs_numpy(shape: tuple[int, int, int] = ODD) -> dict[str, str]:
@@ -140,11 +151,46 @@ def speed_and_figures() -> list[dict[str, str]]:
     return out
 
 
+def nvcomp_round_trip(shape: tuple[int, int] = (256, 192)) -> dict[str, str]:
+    """A zstd frame from numcodecs decoded on the device by our decoder, bytes compared."""
+    from numba import cuda
+    from numcodecs import Zstd
+
+    from kernels.device.decode import ChunkPiece, CompressedPanel, PanelDecoder
+
+    try:
+        from nvidia import nvcomp  # noqa: F401 - the decoder imports it again
+    except ImportError:
+        return check("nvcomp", "skip", "nvCOMP not installed (only --gpu-decode needs it)")
+    rng = np.random.default_rng(0)
+    data = np.round(rng.standard_normal(shape) * 100).astype(np.float32)  # rounded: compresses
+    frame = np.frombuffer(Zstd().encode(data), dtype=np.uint8)
+    piece = ChunkPiece(0, frame.size, shape, (0, shape[0], 0, shape[1]), (0, 0))
+    panel = CompressedPanel((piece,), "<f4", frame.size, data.nbytes)
+    stream = cuda.stream()
+    dest = cuda.device_array(shape, dtype=np.float32)
+    try:
+        kept = PanelDecoder(stream).decode_into(frame.copy(), panel, dest)
+        stream.synchronize()
+        del kept
+        got = dest.copy_to_host()
+    except Exception as e:  # noqa: BLE001 - the decode's own error is the finding
+        fix = "check nvidia-nvcomp matches the driver's CUDA major; or leave out --gpu-decode"
+        return check("nvcomp", "fail", f"decoding a zstd frame failed: {e}", fix)
+    size = f"{frame.size} B zstd -> {data.nbytes} B"
+    if got.tobytes() != data.tobytes():
+        wrong = int(np.count_nonzero(got != data))
+        fix = "leave out --gpu-decode; report the nvCOMP and driver versions"
+        return check("nvcomp", "fail", f"{size}: {wrong} of {data.size} elements differ", fix)
+    return check("nvcomp", "pass", f"{size} decoded on the device, bytes equal to numcodecs")
+
+
 def main() -> None:
     device, cuda = devices()
     found = [device]
     if cuda is not None:
-        for step in (kernels_vs_numpy, lambda: bandwidth(cuda)[0], speed_and_figures):
+        steps = (kernels_vs_numpy, lambda: bandwidth(cuda)[0], speed_and_figures, nvcomp_round_trip)
+        for step in steps:
             try:
                 result = step()
                 found += result if isinstance(result, list) else [result]

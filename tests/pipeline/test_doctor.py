@@ -57,6 +57,7 @@ def test_exit_codes(
 ) -> None:
     monkeypatch.setattr(doctor, "find_driver", lambda: driver)
     monkeypatch.setattr(doctor, "gpu_probe", lambda: probe)
+    monkeypatch.setattr(doctor, "cluster_check", lambda found: [])
     monkeypatch.setattr(doctor, "cpu_backend", lambda: Check("cpu", "pass", "stub"))
     assert doctor.run_doctor(False, require) == code
     capsys.readouterr()
