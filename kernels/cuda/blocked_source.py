@@ -137,12 +137,23 @@ def _tile_step(
 
 
 def _prefetch(spec: BlockedSpec, k0: str, indent: int, checked: bool | None = None) -> list[str]:
-    """Global loads of one K tile into registers: unchecked inside, zero-filled at the edges.
-
-    checked=None emits both with a runtime test (the prologue's tile 0).
-    """
-    pad = " " * indent
+    """Global loads of one K tile into registers (see ``prefetch_lines``)."""
     a_coords, b_coords = _load_coords(spec)
+    return prefetch_lines(a_coords, b_coords, k0, spec.block_k, indent, checked)
+
+
+def prefetch_lines(
+    a_coords: list[tuple[int, int]],
+    b_coords: list[tuple[int, int]],
+    k0: str,
+    block_k: int,
+    indent: int,
+    checked: bool | None,
+) -> list[str]:
+    """Global loads of one K tile into registers ``pa0..``, ``pb0..`` from a thread's (row,
+    column) offsets: unchecked inside, zero-filled at the edges; checked=None emits both with a
+    runtime test (the prologue's tile 0). Shared by the fp32 and tensor-core generators."""
+    pad = " " * indent
     a_ld = [f"a[ar + {r}, {k0} + ac + {j}]" for r, j in a_coords]
     b_ld = [f"b[{k0} + br + {r}, bc + {j}]" for r, j in b_coords]
     a_ok = [f"ar + {r} < m and {k0} + ac + {j} < k" for r, j in a_coords]
@@ -157,7 +168,7 @@ def _prefetch(spec: BlockedSpec, k0: str, indent: int, checked: bool | None = No
     ]
     if checked is not None:
         return [pad + line for line in (safe if checked else fast)]
-    lines = [f"{pad}if full and {k0} + {spec.block_k} <= k:"]
+    lines = [f"{pad}if full and {k0} + {block_k} <= k:"]
     lines += [f"{pad}    {line}" for line in fast]
     lines += [f"{pad}else:"]
     return lines + [f"{pad}    {line}" for line in safe]

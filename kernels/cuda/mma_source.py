@@ -6,6 +6,7 @@ inline-PTX intrinsics of kernels.cuda.mma, or the simulator's emulation of them)
 from __future__ import annotations
 
 from kernels.cuda import mma_spec as ms
+from kernels.cuda.blocked_source import prefetch_lines
 from kernels.cuda.mma_spec import MMA_K, MMA_M, MMA_N, RUN, WARP, MmaSpec
 
 
@@ -127,29 +128,10 @@ def _tile_step(spec: MmaSpec, a_buf: int, b_buf: int, checked: bool) -> list[str
 
 
 def _prefetch(spec: MmaSpec, k0: str, indent: int, checked: bool | None = None) -> list[str]:
-    """Global loads of one K tile into registers: unchecked inside, zero-filled at the edges.
-
-    checked=None emits both with a runtime test (the prologue's tile 0)."""
-    pad = " " * indent
+    """Global loads of one K tile into registers: unchecked inside, zero-filled at the edges."""
     a_at = [(r, j) for r in _a_runs(spec) for j in range(RUN)]
     b_at = [(r, j) for r in _b_runs(spec) for j in range(RUN)]
-    a_ld = [f"a[ar + {r}, {k0} + ac + {j}]" for r, j in a_at]
-    b_ld = [f"b[{k0} + br + {r}, bc + {j}]" for r, j in b_at]
-    a_ok = [f"ar + {r} < m and {k0} + ac + {j} < k" for r, j in a_at]
-    b_ok = [f"{k0} + br + {r} < k and bc + {j} < n" for r, j in b_at]
-    fast = [f"pa{e} = {x}" for e, x in enumerate(a_ld)]
-    fast += [f"pb{e} = {x}" for e, x in enumerate(b_ld)]
-    safe = [
-        f"pa{e} = {x} if {ok} else zero" for e, (x, ok) in enumerate(zip(a_ld, a_ok, strict=True))
-    ]
-    safe += [
-        f"pb{e} = {x} if {ok} else zero" for e, (x, ok) in enumerate(zip(b_ld, b_ok, strict=True))
-    ]
-    if checked is not None:
-        return [pad + line for line in (safe if checked else fast)]
-    lines = [f"{pad}if full and {k0} + {spec.block_k} <= k:"]
-    lines += [f"{pad}    {line}" for line in fast]
-    return lines + [f"{pad}else:"] + [f"{pad}    {line}" for line in safe]
+    return prefetch_lines(a_at, b_at, k0, spec.block_k, indent, checked)
 
 
 def _store(spec: MmaSpec, buf: str, indent: int) -> list[str]:
