@@ -4,6 +4,8 @@ prefetch and the epilogue are written out here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from kernels.cuda.blocked_spec import BlockedSpec
 
 
@@ -118,19 +120,36 @@ def _tile_step(
         f"        cur = {ix.mod('t', 2)}",
         f"        kn = ((t + 1) * {spec.block_k}) & 0x7FFFFFFF",
     ]
+    return lines + pipelined_tile(
+        "t",
+        checked,
+        lambda indent, check: _prefetch(spec, "kn", indent, check),
+        _multiply(spec, a_buf, b_buf, rows, cols),
+        lambda indent: _store(spec, "(1 - cur)", indent),
+        "everyone",
+    )
+
+
+def pipelined_tile(
+    counter: str,
+    checked: bool,
+    prefetch: Callable[[int, bool], list[str]],
+    multiply: list[str],
+    store: Callable[[int], list[str]],
+    who: str,
+) -> list[str]:
+    """The body of one K tile after its indices: prefetch the next tile into registers (only if
+    there is one, when ``checked``), multiply the current one, store the prefetched one into the
+    other buffer, then the one barrier. Shared by the fp32 and tensor-core generators."""
     if checked:
-        lines += ["        more = t + 1 < n_tiles", "        if more:"]
-        lines += _prefetch(spec, "kn", indent=12, checked=True)
+        lines = [f"        more = {counter} + 1 < n_tiles", "        if more:"]
+        lines += prefetch(12, True)
     else:
-        lines += _prefetch(spec, "kn", indent=8, checked=False)
-    lines += _multiply(spec, a_buf, b_buf, rows, cols)
-    if checked:
-        lines += ["        if more:"]
-        lines += _store(spec, "(1 - cur)", indent=12)
-    else:
-        lines += _store(spec, "(1 - cur)", indent=8)
+        lines = prefetch(8, False)
+    lines += multiply
+    lines += ["        if more:", *store(12)] if checked else store(8)
     return lines + [
-        "        # The next buffer is complete, and everyone is done with this one before",
+        f"        # The next buffer is complete, and {who} is done with this one before",
         "        # the next iteration overwrites it: one barrier per tile, reached by all threads.",
         "        cuda.syncthreads()",
     ]

@@ -6,7 +6,7 @@ inline-PTX intrinsics of kernels.cuda.mma, or the simulator's emulation of them)
 from __future__ import annotations
 
 from kernels.cuda import mma_spec as ms
-from kernels.cuda.blocked_source import prefetch_lines
+from kernels.cuda.blocked_source import pipelined_tile, prefetch_lines
 from kernels.cuda.mma_spec import MMA_K, MMA_M, MMA_N, RUN, WARP, MmaSpec
 
 
@@ -109,22 +109,14 @@ def _accumulators(spec: MmaSpec) -> list[tuple[int, int, int]]:
 def _tile_step(spec: MmaSpec, a_buf: int, b_buf: int, checked: bool) -> list[str]:
     """One K tile: prefetch the next tile, multiply the current one, store the prefetched one."""
     lines = ["        cur = kt & 1", f"        kn = ((kt + 1) * {spec.block_k}) & 0x7FFFFFFF"]
-    if checked:
-        lines += ["        more = kt + 1 < n_tiles", "        if more:"]
-        lines += _prefetch(spec, "kn", indent=12, checked=True)
-    else:
-        lines += _prefetch(spec, "kn", indent=8, checked=False)
-    lines += _multiply(spec, a_buf, b_buf)
-    if checked:
-        lines += ["        if more:"]
-        lines += _store(spec, "(1 - cur)", indent=12)
-    else:
-        lines += _store(spec, "(1 - cur)", indent=8)
-    return lines + [
-        "        # The next buffer is complete, and every warp is done with this one before",
-        "        # the next iteration overwrites it: one barrier per tile, reached by all threads.",
-        "        cuda.syncthreads()",
-    ]
+    return lines + pipelined_tile(
+        "kt",
+        checked,
+        lambda indent, check: _prefetch(spec, "kn", indent, check),
+        _multiply(spec, a_buf, b_buf),
+        lambda indent: _store(spec, "(1 - cur)", indent),
+        "every warp",
+    )
 
 
 def _prefetch(spec: MmaSpec, k0: str, indent: int, checked: bool | None = None) -> list[str]:
