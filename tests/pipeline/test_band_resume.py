@@ -67,6 +67,17 @@ def _computed_rows(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     return seen
 
 
+def _stopped_after_3_bands(
+    a_url: str, b_url: str, out: Path, monkeypatch: pytest.MonkeyPatch, client: Client
+) -> Path:
+    """OUT of a job whose one tile task died right after journaling its third band."""
+    _fail_after_bands(monkeypatch, 3)
+    with pytest.raises(Exception, match="between two bands"):
+        multiply(a_url, b_url, str(out), client=client, chunks=(128, 128))
+    monkeypatch.undo()
+    return out
+
+
 @pytest.fixture
 def one_worker() -> Any:
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
@@ -78,11 +89,7 @@ def test_resume_computes_only_the_unwritten_rows(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_worker: Client
 ) -> None:
     a_url, b_url, a, b = _inputs(tmp_path)
-    out = tmp_path / "c.zarr"
-    _fail_after_bands(monkeypatch, 3)
-    with pytest.raises(Exception, match="between two bands"):
-        multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128))
-    monkeypatch.undo()
+    out = _stopped_after_3_bands(a_url, b_url, tmp_path / "c.zarr", monkeypatch, one_worker)
     # the writer thread may finish the band it had queued before the task ends
     written = sorted(e["rows"] for e in _bands(out))
     assert written[:3] == [[0, 256], [256, 512], [512, 768]] and len(written) <= 4, written
@@ -98,11 +105,7 @@ def test_a_band_changed_since_is_computed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_worker: Client
 ) -> None:
     a_url, b_url, a, b = _inputs(tmp_path)
-    out = tmp_path / "c.zarr"
-    _fail_after_bands(monkeypatch, 3)
-    with pytest.raises(Exception, match="between two bands"):
-        multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128))
-    monkeypatch.undo()
+    out = _stopped_after_3_bands(a_url, b_url, tmp_path / "c.zarr", monkeypatch, one_worker)
     c = zarr.open_array(str(out), mode="r+")
     c[300, 5] = c[300, 5] + 1  # inside the second band: the first still counts
     seen = _computed_rows(monkeypatch)
