@@ -36,6 +36,9 @@ log = logging.getLogger("pipeline")
 LOCK_NAME = "lock.json"
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 """flock's errors on file systems without locks (some FUSE and parallel file systems)."""
+NAMING_SECONDS = 0.2
+"""How long a refused job waits for the lock's new holder to write its name, in seconds (it
+writes it microseconds after taking the lock)."""
 
 
 @dataclass
@@ -100,15 +103,18 @@ def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any
 def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:
     path = _lock_path(url, {})
     for _ in range(20):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd, created = _open_lock(path)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_fd(fd)
+            holder = _named_holder(fd)
             os.close(fd)
             raise _busy(url, holder) from None
-        except OSError:
+        except OSError as e:
             os.close(fd)
+            if created and e.errno in NO_FLOCK:  # left empty, it would refuse the lock file
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             raise
         if _same_file(fd, path):
             left = _read_fd(fd)
@@ -144,6 +150,15 @@ def _acquire_object(url: str, storage_options: dict[str, Any], mine: dict[str, A
             raise _busy(url, read_lock(url, storage_options) or {})
         return held
     raise UnsafeOutputError(f"OUT ({url}): its lock changed hands 3 times in a row; rerun")
+
+
+def _open_lock(path: str) -> tuple[int, bool]:
+    """The lock file, opened read-write, and whether this call created it."""
+    while True:
+        with contextlib.suppress(FileExistsError):
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+        with contextlib.suppress(FileNotFoundError):  # removed as we looked: create it then
+            return os.open(path, os.O_RDWR | os.O_CLOEXEC), False
 
 
 def _holder() -> dict[str, Any]:
@@ -204,6 +219,15 @@ def _same_file(fd: int, path: str) -> bool:
         return os.stat(path).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         return False
+
+
+def _named_holder(fd: int) -> dict[str, Any]:
+    """The holder the flock'd file at ``fd`` names. A job that has just taken the lock writes
+    its name a moment later: a file naming no one is read again, for up to NAMING_SECONDS."""
+    deadline = time.monotonic() + NAMING_SECONDS
+    while (holder := _read_fd(fd)).get("pid") is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return holder
 
 
 def _read_fd(fd: int) -> dict[str, Any]:

@@ -32,7 +32,7 @@ HOLD = textwrap.dedent(
     try:
         held = lock.acquire(sys.argv[1], {})
     except Exception as e:
-        print("refused", type(e).__name__, flush=True)
+        print("refused", type(e).__name__, e, flush=True)
         sys.exit(3)
     print("holding", time.time(), flush=True)
     time.sleep(float(sys.argv[2]))
@@ -136,11 +136,17 @@ def test_processes_racing_for_one_lock_leave_one_winner(tmp_path: Path) -> None:
             )
             for _ in range(4)
         ]
-        said = [p.communicate(timeout=60)[0].split() for p in procs]
+        outs = [p.communicate(timeout=60)[0] for p in procs]
+        said = [o.split() for o in outs]
         held = sorted((float(s[1]), float(s[3])) for s in said if s[0] == "holding")
-        refused = [s for s in said if s[0] != "holding"]
+        refused = [o for o in outs if not o.startswith("holding")]
         assert held and len(held) + len(refused) == 4, said
-        assert all(s == ["refused", "UnsafeOutputError"] for s in refused), said
+        # Each refusal names a job that held the lock (never "pid None": a loser refused as
+        # the winner takes the lock waits for the winner's name).
+        holders = [p.pid for p, o in zip(procs, outs, strict=True) if o.startswith("holding")]
+        for o in refused:
+            assert o.startswith(f"refused UnsafeOutputError OUT ({out}) is being written by "), o
+            assert any(f"(pid {pid} on {socket.gethostname()} since " in o for pid in holders), o
         # Never two at once: one started after the winner let go may win in turn.
         for (_, end), (start, _) in zip(held, held[1:], strict=False):
             assert start >= end, f"two holders at once: {held}"
@@ -229,7 +235,7 @@ RACE = textwrap.dedent(
     try:
         held = lock.acquire(sys.argv[1], {})
     except Exception as e:
-        print("refused", type(e).__name__, flush=True)
+        print("refused", type(e).__name__, e, flush=True)
         sys.exit(3)
     print("holding", flush=True)
     time.sleep(1.0)
@@ -252,8 +258,15 @@ def test_jobs_racing_on_a_store_without_conditional_writes(tmp_path: Path) -> No
                              stdout=subprocess.PIPE, text=True, env=env)
             for _ in range(3)
         ]  # fmt: skip
-        said = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
-        assert said == ["holding", "refused UnsafeOutputError", "refused UnsafeOutputError"], said
+        said = [p.communicate(timeout=60)[0].strip() for p in procs]
+        winner = [p.pid for p, s in zip(procs, said, strict=True) if s == "holding"]
+        assert len(winner) == 1, said
+        # The losers read back the winner's token: their refusal names it, not "pid None".
+        names = (
+            f"refused UnsafeOutputError OUT (racy://{out}) is being written by another job "
+            f"(pid {winner[0]} on {socket.gethostname()} since "
+        )
+        assert sorted(s.startswith(names) for s in said) == [False, True, True], said
         assert not (out / "lock.json").exists(), "the winner released it"
 
 
