@@ -1,0 +1,251 @@
+"""The journal --resume trusts, in one process, fast: a tile counts as written only when its
+entry is of this job's fingerprint and its bytes still match; a tile in flight keeps only an
+unbroken, checked run of bands from its first row; a changed input object marks exactly the
+tiles that read it; forgetting removes exactly the named tiles' entries."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import zlib
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.errors import UsageError
+from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
+from pipeline.store import journal
+from pipeline.store.fs import write_bytes
+
+FP = "fp-this-job"
+
+
+def small_plan(**changes: Any) -> MatmulPlan:
+    """OUT 8×8 in 4×4 tiles (2×2 of them), A's objects 4 rows tall, B's 4 columns wide."""
+    plan = plan_matmul(
+        ArraySpec((8, 6), (4, 3), "float32"),
+        ArraySpec((6, 8), (3, 4), "float32"),
+        workers=1,
+        threads_per_worker=1,
+        memory_limit_bytes=2**30,
+        tile_shape=(4, 4),
+    )
+    return dataclasses.replace(plan, **changes)
+
+
+@pytest.fixture
+def out(tmp_path: Path) -> tuple[str, np.ndarray]:
+    """OUT's array, written: its URL and its values."""
+    data = np.random.default_rng(7).uniform(-1, 1, (8, 8)).astype("float32")
+    zarr.create_array(str(tmp_path / "c.zarr"), data=data, chunks=(4, 4))
+    return str(tmp_path / "c.zarr"), data
+
+
+def crc(data: np.ndarray, rows: tuple[int, int], cols: tuple[int, int], chain: int = 0) -> int:
+    return zlib.crc32(np.ascontiguousarray(data[slice(*rows), slice(*cols)]).data, chain)
+
+
+def record(url: str, name: str, **entry: Any) -> None:
+    write_bytes(url, name, json.dumps(entry).encode(), {})
+
+
+def record_band(url: str, index: tuple[int, int], rows: tuple[int, int], **entry: Any) -> None:
+    """A band's entry as the worker writes it (Output.journal_band)."""
+    name = journal.band_entry_name(index, rows[0])
+    record(url, name, index=list(index), rows=list(rows), **entry)
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        (journal.entry_name((0, 0)), "journal/tile-0-0.json"),
+        (journal.entry_name((3, 12)), "journal/tile-3-12.json"),  # row first, then column
+        (journal.band_entry_name((3, 12), 256), "journal/band-3-12-256.json"),
+    ],
+)
+def test_entry_names(name: str, expected: str) -> None:
+    assert name == expected
+
+
+def test_a_tile_counts_as_written_only_with_its_entry_and_its_bytes(
+    out: tuple[str, np.ndarray], caplog: pytest.LogCaptureFixture
+) -> None:
+    url, data = out
+    plan = small_plan()
+    sums = {t.index: crc(data, t.rows, t.cols) for t in plan.tiles()}
+    record(url, journal.entry_name((0, 0)), index=[0, 0], fingerprint=FP, checksum=sums[0, 0])
+    # another job's entry (other inputs or tiling), its bytes matching all the same
+    record(url, journal.entry_name((1, 0)), index=[1, 0], fingerprint="fp-other",
+           checksum=sums[1, 0])  # fmt: skip
+    # its bytes changed since it was journaled
+    record(url, journal.entry_name((0, 1)), index=[0, 1], fingerprint=FP,
+           checksum=sums[0, 1] ^ 1)  # fmt: skip
+    # a band's entry is not the tile's, even with the whole tile's checksum
+    record_band(url, (1, 1), (4, 8), fingerprint=FP, checksum=sums[1, 1], chain=sums[1, 1])
+    # entries naming no tile of this plan
+    record(url, "journal/tile-5-5.json", index=[5, 5], fingerprint=FP, checksum=0)
+    record(url, "journal/odd.json", fingerprint=FP, checksum=0)
+    with caplog.at_level(logging.INFO, logger="pipeline"):
+        done = journal.finished_tiles(url, {}, plan, FP, {"fingerprint": FP})
+    assert done == {(0, 0)}
+    assert caplog.messages == ["resume: 1 of 4 tile(s) already written"]
+
+
+@pytest.mark.parametrize(("state", "found"), [({"fingerprint": "fp-old"}, "fp-old"), ({}, None)])
+def test_resume_of_an_out_written_for_other_inputs_is_refused(
+    out: tuple[str, np.ndarray], state: dict[str, Any], found: object
+) -> None:
+    url, _ = out
+    with pytest.raises(UsageError) as refused:
+        journal.finished_tiles(url, {}, small_plan(), FP, state)
+    assert str(refused.value) == (
+        f"cannot resume {url}: it was written for different inputs or tiling (fingerprint "
+        f"{found} != {FP}); use --overwrite to start over"
+    )
+
+
+def test_journal_and_bytes_may_live_in_two_stores(
+    tmp_path: Path, out: tuple[str, np.ndarray]
+) -> None:
+    """Accumulation: the entries sit in a side store, the bytes they vouch for in C."""
+    url, data = out
+    side = str(tmp_path / "side")
+    plan = small_plan()
+    for t in plan.tiles():
+        record(side, journal.entry_name(t.index), index=list(t.index), fingerprint=FP,
+               checksum=crc(data, t.rows, t.cols))  # fmt: skip
+    assert journal.journaled(side, url, {}, plan, FP) == {t.index for t in plan.tiles()}
+    assert journal.journaled(url, url, {}, plan, FP) == set(), "OUT's own journal is empty"
+
+
+def test_a_gram_tile_counts_only_while_its_mirror_holds(tmp_path: Path) -> None:
+    """A Gram product writes tiles on and above the diagonal with their mirrors; a diagonal
+    tile's checksum is chained over its gemm blocks' upper rows (2 rows each here)."""
+    x = np.random.default_rng(8).uniform(-1, 1, (8, 8)).astype("float32")
+    data = x + x.T
+    url = str(tmp_path / "g.zarr")
+    zarr.create_array(url, data=data, chunks=(2, 2))
+    plan = small_plan(symmetric=True, block_shape=(2, 2))
+    assert [t.index for t in plan.tiles()] == [(0, 0), (0, 1), (1, 1)]
+    diagonal = {
+        (0, 0): crc(data, (2, 4), (2, 4), crc(data, (0, 2), (0, 4))),
+        (1, 1): crc(data, (6, 8), (6, 8), crc(data, (4, 6), (4, 8))),
+    }
+    sums = {**diagonal, (0, 1): crc(data, (0, 4), (4, 8))}
+    for index, checksum in sums.items():
+        record(url, journal.entry_name(index), index=list(index), fingerprint=FP,
+               checksum=checksum)  # fmt: skip
+    assert journal.journaled(url, url, {}, plan, FP) == set(sums)
+    array = zarr.open_array(url, mode="r+")
+    array[5, 1] = 9.0  # the mirror of tile (0, 1)'s element [1, 5], now different
+    assert journal.journaled(url, url, {}, plan, FP) == {(0, 0), (1, 1)}
+
+
+def chained(data: np.ndarray, cols: tuple[int, int], *bands: tuple[int, int]) -> list[int]:
+    """The chained crc32 after each band, as the tile task journals them."""
+    chains, chain = [], 0
+    for rows in bands:
+        chain = crc(data, rows, cols, chain)
+        chains.append(chain)
+    return chains
+
+
+@pytest.mark.parametrize(
+    ("bands", "expected"),
+    [
+        # tile (1, 0): rows 4..8, columns 0..4; each band (rows, chain is right)
+        ([((4, 6), True), ((6, 8), True)], (8, 1)),  # the whole tile, band by band
+        ([((4, 6), True)], (6, 0)),  # its first band
+        ([((4, 6), True), ((6, 8), False)], (6, 0)),  # the second band's bytes changed
+        ([((4, 6), False), ((6, 8), True)], None),  # the first band's bytes changed
+        ([((6, 8), True)], None),  # no band from the tile's first row
+        ([((4, 6), True), ((6, 10), True)], (6, 0)),  # a band past the tile's last row
+        ([((4, 4), True)], None),  # an empty band (it would loop on itself)
+    ],
+)
+def test_a_tile_in_flight_keeps_its_unbroken_checked_run_of_bands(
+    out: tuple[str, np.ndarray], bands: list[tuple[tuple[int, int], bool]], expected: Any
+) -> None:
+    url, data = out
+    cols = (0, 4)
+    chains = chained(data, cols, *(rows for rows, _ in bands))
+    for (rows, right), chain in zip(bands, chains, strict=True):
+        record_band(url, (1, 0), rows, fingerprint=FP, chain=chain if right else chain ^ 1)
+    found = journal.written_rows(url, url, {}, small_plan(), FP, set())
+    assert found == ({} if expected is None else {(1, 0): (expected[0], chains[expected[1]])})
+
+
+def test_bands_of_another_job_or_of_a_finished_tile_are_not_kept(
+    out: tuple[str, np.ndarray],
+) -> None:
+    url, data = out
+    (first,) = chained(data, (0, 4), (0, 2))
+    record_band(url, (0, 0), (0, 2), fingerprint=FP, chain=first)
+    (other,) = chained(data, (4, 8), (0, 2))
+    record_band(url, (0, 1), (0, 2), fingerprint="fp-other", chain=other)
+    record(url, "journal/band-1-1-4.json", index=[1, 1], rows="4-6", fingerprint=FP, chain=0)
+    plan = small_plan()
+    assert journal.written_rows(url, url, {}, plan, FP, set()) == {(0, 0): (2, first)}
+    assert journal.written_rows(url, url, {}, plan, FP, {(0, 0)}) == {}
+
+
+def test_no_bands_reads_no_bytes(tmp_path: Path) -> None:
+    side = str(tmp_path / "side")
+    record(side, journal.entry_name((0, 0)), index=[0, 0], fingerprint=FP, checksum=0)
+    missing = str(tmp_path / "no-such.zarr")  # never opened: nothing to check
+    assert journal.written_rows(side, missing, {}, small_plan(), FP, set()) == {}
+
+
+@pytest.mark.parametrize(
+    ("changes", "a_changed", "b_changed", "stale"),
+    [
+        # A's objects are 4 rows tall (stored keys (row, k)); B's 4 columns wide ((k, column))
+        ({}, {(1, 0)}, set(), {(1, 0), (1, 1)}),  # rows 4..8: the second tile row only
+        ({}, {(0, 1)}, set(), {(0, 0), (0, 1)}),  # another K object of rows 0..4
+        ({}, set(), {(0, 0)}, {(0, 0), (1, 0)}),  # columns 0..4
+        ({}, set(), {(1, 1)}, {(0, 1), (1, 1)}),
+        ({}, {(1, 0)}, {(0, 0)}, {(1, 0), (1, 1), (0, 0)}),
+        ({}, set(), set(), set()),
+        # A read transposed: its stored keys are (k, row)
+        ({"transposed": (True, False)}, {(0, 1)}, set(), {(1, 0), (1, 1)}),
+        # B read transposed: (column, k)
+        ({"transposed": (False, True)}, set(), {(1, 0)}, {(0, 1), (1, 1)}),
+        # A's objects 2 rows tall: rows 2..4 are in the first tile row only
+        ({"a": ArraySpec((8, 6), (2, 3), "float32")}, {(1, 0)}, set(), {(0, 0), (0, 1)}),
+        ({"a": ArraySpec((8, 6), (2, 3), "float32")}, {(2, 0)}, set(), {(1, 0), (1, 1)}),
+        # B's objects 2 columns wide: columns 6..8 are in the second tile column only
+        ({"b": ArraySpec((6, 8), (3, 2), "float32")}, set(), {(0, 3)}, {(0, 1), (1, 1)}),
+    ],
+)
+def test_a_changed_input_object_marks_the_tiles_that_read_it(
+    changes: dict[str, Any],
+    a_changed: set[tuple[int, int]],
+    b_changed: set[tuple[int, int]],
+    stale: set[tuple[int, int]],
+) -> None:
+    assert journal.stale_tiles(small_plan(**changes), a_changed, b_changed) == stale
+
+
+def entries(folder: Path) -> list[str]:
+    return sorted(p.name for p in (folder / "journal").iterdir())
+
+
+def test_forget_removes_the_named_tiles_entries_and_bands_only(tmp_path: Path) -> None:
+    folder = tmp_path / "C_MATRIX"  # an OUT whose name ends in a letter a bad strip would eat
+    url = f"{folder}/"
+    for name in ("tile-0-0", "tile-0-1", "band-0-0-0", "band-0-0-2", "band-0-1-0", "band-10-0-0"):
+        record(str(folder), f"journal/{name}.json", fingerprint=FP)
+    journal.forget(url, {}, {(0, 0), (1, 1)})  # (1, 1) has no entry: nothing to do
+    assert entries(folder) == ["band-0-1-0.json", "band-10-0-0.json", "tile-0-1.json"]
+
+
+def test_forget_bands_keeps_the_tiles_entries(tmp_path: Path) -> None:
+    folder = tmp_path / "C_MATRIX"
+    for name in ("tile-0-0", "tile-1-0", "band-0-0-0", "band-1-0-4"):
+        record(str(folder), f"journal/{name}.json", fingerprint=FP)
+    journal.forget_bands(f"{folder}/", {})
+    assert entries(folder) == ["tile-0-0.json", "tile-1-0.json"]
