@@ -135,7 +135,9 @@ def _acquire_object(url: str, storage_options: dict[str, Any], mine: dict[str, A
         try:
             fs.pipe_file(target, json.dumps(mine).encode(), mode="create")
         except FileExistsError:
-            holder = read_lock(url, storage_options) or {}
+            holder = read_lock(url, storage_options)
+            if holder is None:  # released as we looked: try again
+                continue
             if not _stale(holder):
                 raise _busy(url, holder) from None
             log.info("OUT had a stale lock from a job that is gone (%s); taking it over",

@@ -61,13 +61,28 @@ class VanishingFileSystem(KeyedFileSystem):
         raise FileNotFoundError(path)
 
 
+class ReleasingFileSystem(KeyedFileSystem):
+    """A store where the holder releases the lock just as a taker goes to read who holds it."""
+
+    protocol = ("releasing",)
+
+    def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
+        if path.endswith("/lock.json") and not getattr(self, "released", False):
+            self.released = True
+            self.rm_file(path)
+        return super().cat_file(path, start, end, **kwargs)
+
+
+STORES = (KeyedFileSystem, StickyFileSystem, VanishingFileSystem, ReleasingFileSystem)
+
+
 @pytest.fixture(autouse=True)
 def stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(racy_fs, "GAP", 0.0)  # no race here: just a store without flock
-    for fs in (KeyedFileSystem, StickyFileSystem, VanishingFileSystem):
+    for fs in STORES:
         fsspec.register_implementation(fs.protocol[0], fs, clobber=True)
     yield
-    for fs in (KeyedFileSystem, StickyFileSystem, VanishingFileSystem):
+    for fs in STORES:
         fs.clear_instance_cache()
 
 
@@ -197,6 +212,26 @@ def test_an_empty_lock_file_is_taken_without_a_word(
     with caplog.at_level(logging.INFO, logger="pipeline"):
         held = lock.acquire(str(out), {})
     assert caplog.messages == []
+    held.release()
+
+
+def test_a_lock_file_removed_as_it_is_opened_is_created_again(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another job removes the lock file between this job's two opens (create, then open)."""
+    path, real, calls = str(out / "lock.json"), os.open, []
+    (out / "lock.json").write_text("")
+
+    def racing_open(name: Any, flags: int, mode: int = 0o777) -> int:
+        calls.append(flags)
+        if name == path and not flags & os.O_CREAT and len(calls) == 2:
+            os.unlink(path)
+        return real(name, flags, mode)
+
+    monkeypatch.setattr(lock.os, "open", racing_open)
+    held = lock.acquire(str(out), {})
+    monkeypatch.undo()
+    assert len(calls) == 3 and json.loads((out / "lock.json").read_text())["token"] == held.token
     held.release()
 
 
@@ -379,6 +414,16 @@ def test_object_store_stale_lock_removed_by_another_taker_first_is_taken(out: Pa
     write_lock(out, pid=dead_pid(), host=HOST, started=1e9, process_started=1.0)
     held = lock.acquire(keyed(out, "vanishing"), dict(SECRET))
     assert json.loads((out / "lock.json").read_text())["token"] == held.token
+
+
+def test_object_store_lock_released_as_a_taker_looks_is_taken(out: Path) -> None:
+    """Refused by the create, then the holder lets go before its name is read: the lock is
+    free, so it is taken (not refused naming "pid None on None")."""
+    write_lock(out, pid=os.getpid(), host=HOST, started=1e9,
+               process_started=psutil.Process().create_time())  # fmt: skip
+    held = lock.acquire(keyed(out, "releasing"), dict(SECRET))
+    assert json.loads((out / "lock.json").read_text())["token"] == held.token
+    held.release()
 
 
 def test_object_store_that_refuses_the_write_is_a_usage_error(
