@@ -26,12 +26,25 @@ TARGETS = {
     "cpu": ("kernels/cpu.py", ["tests/kernels/test_cpu.py"]),
     "tiled": ("kernels/cuda/tiled.py", ["tests/kernels/test_cuda_tiled.py"]),
     "dtypes": ("pipeline/plan/dtypes.py", ["tests/pipeline/test_dtypes.py"]),
-    "lock": ("pipeline/store/lock.py", ["tests/pipeline/test_lock.py"]),
-    "journal": ("pipeline/store/journal.py", ["tests/pipeline/test_crash.py"]),
+    "lock": (
+        "pipeline/store/lock.py",
+        ["tests/pipeline/test_lock_units.py", "tests/pipeline/test_lock.py"],
+    ),
+    "journal": (
+        "pipeline/store/journal.py",
+        ["tests/pipeline/test_journal.py", "tests/pipeline/test_band_resume.py"],
+    ),
     "verify": (
         "pipeline/run/verify_tasks.py",
         ["tests/pipeline/test_verify.py", "tests/pipeline/test_verify_strength.py"],
     ),
+    "verify-tasks": ("pipeline/run/verify_tasks.py", ["tests/pipeline/test_verify_unit.py"]),
+    "planner": (
+        "pipeline/plan/search.py",
+        ["tests/pipeline/test_plan.py", "tests/pipeline/test_plan_unit.py"],
+    ),
+    "memory": ("pipeline/plan/memory.py", ["tests/pipeline/test_plan_unit.py"]),
+    "output": ("pipeline/store/output.py", ["tests/pipeline/test_output_unit.py"]),
 }
 """name: (module, its tests)."""
 
