@@ -2,11 +2,43 @@
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 
-from kernels import make_accumulator
-from kernels.cpu import cblas_gemm
+from kernels import cpu, make_accumulator
+from kernels.cpu import NO_TRANS, TRANS, CpuAccumulator, blas_layout, cblas_gemm
+from tests.helpers import assert_product
+
+Call = tuple[str, int, int, int, int]
+"""One BLAS call: (routine, rows, columns, K, address of A's first element)."""
+
+
+@pytest.fixture
+def blas_calls(monkeypatch: pytest.MonkeyPatch) -> list[Call]:
+    """The BLAS calls of the accumulators made after this fixture, in order."""
+    calls: list[Call] = []
+
+    def recording(find: Callable[[str], Any], name: str, where: tuple[int, ...]) -> Any:
+        def found(dtype: str) -> Any:
+            fn = find(dtype)
+            if fn is None:
+                return None
+
+            def call(*args: Any) -> None:
+                calls.append((name, *(args[i] for i in where)))
+                fn(*args)
+
+            return call
+
+        return found
+
+    monkeypatch.setattr(cpu, "cblas_gemm", recording(cpu.cblas_gemm, "gemm", (3, 4, 5, 7)))
+    monkeypatch.setattr(cpu, "cblas_syrk", recording(cpu.cblas_syrk, "syrk", (3, 3, 4, 6)))
+    return calls
 
 
 @pytest.mark.parametrize(
@@ -16,6 +48,7 @@ from kernels.cpu import cblas_gemm
         (1, 50, [30, 30]),  # one row
         (50, 1, [7]),  # one column
         (16, 16, [0, 4]),  # an empty panel is a no-op
+        (1, 1, [3]),  # one element
         (0, 5, [3]),  # empty output
     ],
 )
@@ -69,12 +102,121 @@ def test_bands_give_the_bytes_of_whole_calls(dtype: str) -> None:
 
 
 def test_band_must_start_on_a_block_row_and_fit() -> None:
-    acc = make_accumulator("cpu", (8, 4), "float32", (4, 4))
-    with pytest.raises(ValueError, match="start on a block row of 4"):
+    acc = make_accumulator("cpu", (8, 4), "float32", (4, 2))
+    with pytest.raises(ValueError, match=r"^rows 2:4 must start on a block row of 4$"):
         acc.add(np.ones((2, 3), np.float32), np.ones((3, 4), np.float32), rows=(2, 4))
-    with pytest.raises(ValueError, match="don't fit accumulator rows"):
+    with pytest.raises(ValueError, match=r"panels \(3, 3\) @ \(3, 4\) don't fit .* \(4, 4\)"):
         acc.add(np.ones((3, 3), np.float32), np.ones((3, 4), np.float32), rows=(4, 8))
     assert not acc.result().any()  # a refused call changes nothing
+    whole = make_accumulator("cpu", (8, 4), "float32")  # no block: the accumulator is one
+    with pytest.raises(ValueError, match=r"^rows 4:8 must start on a block row of 8$"):
+        whole.add(np.ones((4, 3), np.float32), np.ones((3, 4), np.float32), rows=(4, 8))
+    one_row = make_accumulator("cpu", (1, 3), "float32")
+    one_row.add(np.ones((0, 2), np.float32), np.ones((2, 3), np.float32), rows=(1, 1))  # empty
+    assert not one_row.result().any()
+
+
+@pytest.mark.parametrize(
+    ("stored", "view", "layout"),
+    [
+        ((5, 3), lambda x: x, (NO_TRANS, 3)),  # C-ordered
+        ((5, 1), lambda x: x, (NO_TRANS, 1)),  # one column
+        ((1, 1), lambda x: x, (NO_TRANS, 1)),
+        ((5, 8), lambda x: x[1:, 2:5], (NO_TRANS, 8)),  # a window of a wider block
+        ((3, 5), lambda x: x.T, (TRANS, 5)),  # the transposed view of a stored block
+        ((5, 1), lambda x: x.T, (TRANS, 1)),  # a stored column, read as a row
+        ((8, 5), lambda x: x.T[1:, 2:5], (TRANS, 5)),  # a window of a transposed block
+        ((5, 6), lambda x: x[:, ::2], None),  # every other column: copied first
+        ((3, 10), lambda x: x[:, ::2].T, None),  # a transposed view of that
+        ((6, 5), lambda x: x[::2, ::2], None),
+    ],
+)
+@pytest.mark.parametrize("dtype", ["float32", "float64"])  # in elements, not bytes
+def test_blas_layout(
+    stored: tuple[int, int], view: Callable[[Any], Any], layout: Any, dtype: str
+) -> None:
+    """How row-major BLAS reads a panel in place (transpose flag, leading dimension), or None
+    when only a copy can be read."""
+    assert blas_layout(view(np.zeros(stored, dtype))) == layout
+
+
+@pytest.mark.parametrize(
+    ("shape", "block", "rows", "cols"),
+    [
+        ((70, 45), (32, 20), [32, 32, 6], [20, 20, 5]),  # ragged last blocks
+        ((4, 4), (2, 2), [2, 2], [2, 2]),  # square, not a Gram tile: the lower blocks too
+        ((3, 2), (1, 1), [1, 1, 1], [1, 1]),  # one-element blocks
+        ((3, 2), None, [3], [2]),  # no block: one call for the whole accumulator
+    ],
+)
+def test_one_blas_call_per_block_reading_panels_in_place(
+    blas_calls: list[Call],
+    shape: tuple[int, int],
+    block: tuple[int, int] | None,
+    rows: list[int],
+    cols: list[int],
+) -> None:
+    """Each ?gemm call is one block of the accumulator (so its rounding, and the bytes, do not
+    depend on the tiling), reading A where it lies: no copy of a panel already in the
+    accumulator's dtype."""
+    rng = np.random.default_rng(5)
+    a = rng.uniform(-1, 1, (shape[0], 33)).astype("float64")
+    b = rng.uniform(-1, 1, (33, shape[1])).astype("float64")
+    acc = CpuAccumulator(shape, "float64", block)  # upper=False: the whole product
+    acc.add(a, b)
+    assert_product(acc.result(), a, b)
+    starts = np.cumsum([0, *rows[:-1]])
+    assert blas_calls == [
+        ("gemm", h, w, 33, a.ctypes.data + int(i) * a.strides[0])
+        for h, i in zip(rows, starts, strict=True)
+        for w in cols
+    ]
+
+
+@pytest.mark.parametrize(
+    ("panel_dtype", "dtype"),
+    [
+        ("float32", "float32"),
+        ("float64", "float32"),  # the accumulator in float32: panels converted first
+        ("float32", "float64"),
+        ("int8", "int32"),  # int8 sums would wrap: converted to int32 first
+    ],
+)
+def test_strided_and_converted_panels_match_numpy(panel_dtype: str, dtype: str) -> None:
+    """Panels BLAS cannot read in place (every other column, a transposed view of every other
+    row) or of another dtype than the accumulator are multiplied right all the same."""
+    rng = np.random.default_rng(4)
+    m, k, n = 30, 40, 20
+
+    def values(shape: tuple[int, int]) -> Any:
+        if panel_dtype == "int8":
+            return rng.choice(np.array([-128, 127], "int8"), size=shape)
+        return rng.uniform(-1, 1, shape).astype(panel_dtype)
+
+    a_cols, b_cols = values((m, 2 * k))[:, ::2], values((k, 2 * n))[:, ::2]
+    a_t, b_t = values((k, 2 * m))[:, ::2].T, values((n, 2 * k))[:, ::2].T
+    a, b = values((m, k)), values((k, n))
+    acc = make_accumulator("cpu", (m, n), dtype)
+    for x, y in [(a_cols, b), (a, b_cols), (a_t, b_t), (a, b)]:
+        acc.add(x, y)
+    wide = np.concatenate([a_cols, a, a_t, a], axis=1)
+    assert_product(acc.result(), wide, np.concatenate([b, b_cols, b_t, b]), dtype)
+
+
+@pytest.mark.parametrize("strided", [False, True])  # BLAS, or numpy for what BLAS can't read
+def test_non_finite_products_give_inf_and_nan_quietly(strided: bool) -> None:
+    """inf and NaN go into the output (verify reports them), with no warning per task."""
+    acc = make_accumulator("cpu", (2, 2), "float32")
+    ones = np.ones((2, 2), np.float32)
+
+    def panel(value: float) -> Any:
+        return np.full((2, 2), value, np.float32)[:, ::2] if strided else ones[:, :1] * value
+
+    acc.add(panel(3e38), ones[:1])
+    acc.add(panel(3e38), ones[:1])  # over float32's largest: inf
+    assert np.isposinf(acc.result()).all()
+    acc.add(panel(-np.inf), ones[:1])  # inf - inf
+    assert np.isnan(acc.result()).all()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
@@ -97,15 +239,27 @@ def test_transposed_views_need_no_copy_and_match(dtype: str) -> None:
     np.testing.assert_array_equal(views.result(), copies.result())
 
 
-def test_upper_accumulator_computes_the_upper_blocks_only() -> None:
+@pytest.mark.parametrize(
+    "bands",
+    [
+        [(0, 256), (256, 512), (512, 600)],  # one block row a band
+        [(0, 384), (384, 600)],  # several block rows a band, the second not at row 0
+    ],
+)
+def test_upper_accumulator_computes_the_upper_blocks_only(
+    blas_calls: list[Call], bands: list[tuple[int, int]]
+) -> None:
     """A Gram product's diagonal tile: blocks on and above the diagonal (diagonal ones by
-    ?syrk, upper triangle), band by band as the write path calls it."""
+    ?syrk, upper triangle: half the flops), band by band as the write path calls it, over two
+    K panels; the writer mirrors the upper triangle."""
     rng = np.random.default_rng(2)
     x = rng.uniform(-1, 1, (400, 600)).astype("float32")
-    acc = make_accumulator("cpu", (600, 600), "float32", (256, 256), upper=True)
-    for r0, r1 in ((0, 256), (256, 512), (512, 600)):
-        acc.add(x.T[r0:r1], x, rows=(r0, r1))
-    got, want = acc.result(), x.T.astype("float64") @ x
-    upper = np.triu(np.ones((600, 600), dtype=bool))
-    assert np.abs(got - want)[upper].max() < 1e-3
-    assert (got[512:, :512] == 0).all()  # a block below the diagonal: never computed
+    acc = make_accumulator("cpu", (600, 600), "float32", (128, 128), upper=True)
+    for k0, k1 in ((0, 250), (250, 400)):
+        for r0, r1 in bands:
+            acc.add(x[k0:k1, r0:r1].T, x[k0:k1], rows=(r0, r1))
+    got = acc.result()
+    assert (np.tril(got, -1) == 0).all()  # below the diagonal: never computed
+    assert_product(np.triu(got) + np.triu(got, 1).T, x.T, x)
+    # 5 x 5 blocks: 5 on the diagonal, 10 above it, per K panel
+    assert Counter(name for name, *_ in blas_calls) == {"syrk": 2 * 5, "gemm": 2 * 10}
