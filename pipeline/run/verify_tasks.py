@@ -218,7 +218,9 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     c = checked_c(job)
     bad_columns = ref.b_counts > 0
     b_norm = float(np.sqrt((ref.b_norms**2).sum()))
-    abr, a_sq, a_counts = stream_rows(a, rows, a_spec.chunks[1], ref.br, wide_dtype(a.dtype))
+    # A·(B·r) is complex when B is, whatever A's dtype
+    wide = wide_dtype(np.result_type(a.dtype, b_spec.dtype))
+    abr, a_sq, a_counts = stream_rows(a, rows, a_spec.chunks[1], ref.br, wide)
     bad_rows, a_norm = a_counts > 0, np.sqrt(a_sq)
     # The product accumulates in C's dtype (--dtype) or A and B's: allow the coarser of them.
     defaults = (result_dtype(a_spec.dtype, b_spec.dtype)[1], accumulator_dtype(c_spec.dtype))

@@ -11,7 +11,7 @@ import zarr
 from distributed import Client
 
 from pipeline import multiply, verify_product
-from tests.helpers import write_array
+from tests.helpers import random_matrix, write_array
 
 
 def matrices(kind: str, m: int, k: int, n: int, dtype: str, seed: int) -> tuple[Any, Any]:
@@ -91,3 +91,22 @@ def test_empty_products_pass(tmp_path: Path, client: Client) -> None:
         root = tmp_path / f"{m}-{k}"
         root.mkdir()
         assert verify_product(client, *product(root, client, a, b, chunks=2)).passed
+
+
+@pytest.mark.parametrize(
+    ("a_dtype", "b_dtype"), [("float32", "complex64"), ("complex64", "float64")]
+)
+def test_real_times_complex_products_are_checked(
+    tmp_path: Path, client: Client, a_dtype: str, b_dtype: str
+) -> None:
+    """One real operand, one complex: A·(B·r) is complex (with a real A, it once failed the
+    row tasks, which streamed A·(B·r) in A's dtype); a wrong element is still caught."""
+    rng = np.random.default_rng(9)
+    a, b = (random_matrix(rng, shape, dtype) for shape, dtype in (((40, 30), a_dtype),
+            ((30, 20), b_dtype)))  # fmt: skip
+    urls = product(tmp_path, client, a, b, chunks=16)
+    assert verify_product(client, *urls).passed
+    c = zarr.open_array(urls[2], mode="r+")
+    c[5, 7] = c[5, 7] + 1e-2j
+    result = verify_product(client, *urls)
+    assert not result.passed and result.worst_row == 5

@@ -170,6 +170,8 @@ def stated_ratios(
         (("float64", "float64", "float32"), (9, 7, 6), "float32"),
         (("int16", "int16", "int64"), (6, 5, 5), "int64"),  # exact sums: float64's rounding
         (("float32", "float32", "float32"), (7, 1, 9), "float32"),  # K = 1: √K is 1, not √2
+        (("float64", "float64", "float64"), (7, 1, 9), "float64"),  # K = 1 in verifier_i too
+        (("float32", "complex64", "complex64"), (6, 5, 7), "complex64"),  # real A, complex B
     ],
 )
 @pytest.mark.parametrize("noise", [0.0, 1e-3, 10.0])  # measured < bound, between, > bound
@@ -455,3 +457,60 @@ def test_a_missing_operand_is_named(tmp_path: Path) -> None:
         )  # type: ignore[arg-type]  # fmt: skip
         with pytest.raises(InputNotFoundError, match=rf"^{name} \("):
             tasks.b_pass(missing, (0, 4))
+
+
+def test_a_wrong_element_in_a_row_of_tiny_values_fails(tmp_path: Path) -> None:
+    """The float64 tiny floor of the tolerance keeps it positive where the row's scale is
+    below float64's normal range (1e-300 x u is subnormal): a wrong 1e-300 in a zero row fails
+    (a tolerance gone negative would pass any residual)."""
+    a, b = matrices(5, 4, 7, "float64")
+    a[3] = 0
+    c = a @ b
+    c[3, 2] = 1e-300
+    assert ratios(make_job(tmp_path, a, b, c), 0.0)[3] > 1e6
+
+
+def test_no_rounds_checks_nothing(tmp_path: Path) -> None:
+    a, b = matrices(5, 4, 6, "float32")
+    c = planted(a, b, "float32")
+    assert ratios(make_job(tmp_path, a, b, c, rounds=0), 0.0).tolist() == [0.0] * 5
+
+
+def test_complex_b_with_non_finite_columns_and_a_real_a(tmp_path: Path) -> None:
+    """The masked pass over B reads it as complex128 whatever A's dtype (B·r is complex)."""
+    a, b = matrices(6, 5, 7, "float64")
+    b = (b + 1j * b[::-1]).astype("complex64")
+    a = a.astype("float32")
+    b[2, 4] = np.inf
+    c = planted(a, b, "complex64")
+    c[:, 4] = np.nan
+    job = make_job(tmp_path, a, b, c)
+    got = ratios(job, 1e-3)
+    np.testing.assert_allclose(got, stated_ratios(job, a, b, c, 1e-3, "complex64"), rtol=1e-9)
+    assert tasks.measure_noise(job, reference(job)) == pytest.approx(
+        stated_noise(a, b, c, [0, 1, 2]), rel=1e-9
+    )  # complex C read as complex128
+
+
+def test_the_noise_of_small_values(tmp_path: Path) -> None:
+    """‖A_s‖·‖B_j‖ below 1 is still a scale (only 0, a non-finite column, is left out)."""
+    a, b = matrices(6, 5, 7, "float64")
+    a, b = a * 1e-3, b * 1e-3
+    exact = a @ b
+    c = exact * (1 + np.random.default_rng(4).normal(size=exact.shape) * 1e-9)
+    job = make_job(tmp_path, a, b, c, sample=[(0, 4)])
+    got = tasks.measure_noise(job, reference(job))
+    assert got == pytest.approx(stated_noise(a, b, c, [0, 1, 2, 3]), rel=1e-9) and got > 0
+
+
+def test_a_missing_c_is_named(tmp_path: Path) -> None:
+    a, b = matrices(4, 4, 4, "float64")
+    job = make_job(tmp_path, a, b, a @ b)
+    gone = CheckSpec((*job.urls[:2], str(tmp_path / "gone")), {}, job.specs, job.r, job.sample)
+    for run in (
+        lambda: tasks.asymmetric(gone, (0, 4)),
+        lambda: tasks.measure_noise(gone, reference(job)),
+        lambda: tasks.check_rows(gone, (0, 4), reference(job), 0.0),
+    ):
+        with pytest.raises(InputNotFoundError, match=r"^C \("):
+            run()
