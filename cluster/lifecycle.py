@@ -6,13 +6,13 @@ import contextlib
 import logging
 import os
 import socket
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import dask
 from distributed import Client
 
+from cluster.dashboard import has_dashboard, serve_when_asked
 from cluster.security import (
     ORIGIN_KEY,
     LoopbackWorker,
@@ -90,30 +90,16 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
 
 
 def attach_dashboard(cluster: Any, host: str) -> None:
-    """Import bokeh in a thread and attach the scheduler's dashboard on its event loop: the
-    job starts meanwhile and /status answers a few tenths of a second later. Its websockets
-    take only the dashboard's own origin (``host`` or another loopback name, and its port):
-    a page from elsewhere open in the user's browser can't drive it; requests naming
-    another host (DNS rebinding) are refused from now on."""
+    """Serve the scheduler's dashboard, loaded at its first request (cluster.dashboard): a job
+    nobody watches never imports bokeh. Its websockets take only the dashboard's own origin
+    (``host`` or another loopback name, and its port): a page from elsewhere open in the user's
+    browser can't drive it; requests naming another host (DNS rebinding) are refused."""
     scheduler = cluster.scheduler
     configured = list(dask.config.get(ORIGIN_KEY, []))
     origins = dashboard_origins(host, scheduler.http_server.port, configured)
     cluster.loop.add_callback(refuse_foreign_hosts, scheduler.http_application, origins)
-
-    def attach() -> None:
-        try:
-            import distributed.dashboard.scheduler as dashboard
-        except ImportError:  # no bokeh: the link says so
-            return
-
-        def connect() -> None:  # bokeh reads the allowed origins from dask config
-            with dask.config.set({ORIGIN_KEY: origins}):
-                dashboard.connect(scheduler.http_application, scheduler.http_server, scheduler, "/")
-
-        with contextlib.suppress(Exception):  # the job may be over and the loop closed
-            cluster.loop.add_callback(connect)
-
-    threading.Thread(target=attach, name="dashboard-attach", daemon=True).start()
+    if has_dashboard():  # else the link says so
+        cluster.loop.add_callback(serve_when_asked, scheduler, origins)
 
 
 def dashboard_link(client: Client, address: str) -> str:
