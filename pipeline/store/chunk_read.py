@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +26,7 @@ from numpy.typing import NDArray
 
 from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK
 from pipeline.store.chunk_sizes import DECODERS, decode_exact
+from pipeline.store.scratch import scratch
 
 BATCH_CHUNKS = 10
 """Stored chunks fetched in one round trip at least (zarr's own reads hold as many)."""
@@ -124,51 +126,51 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
     # spend: it holds that many more stored bytes per batch instead.
     batch = max(BATCH_CHUNKS, ZARR_BYTES_PER_CHUNK * len(indices) // max(chunk_bytes, 1))
     what = f"{cm}x{cn} {found.dtype} elements"
-    for start in range(0, len(indices), batch):
-        part = indices[start : start + batch]
-        for (i, j), data in zip(part, _stored(array, part), strict=True):
-            if data is None:
-                return False  # unstored: its fill value is zarr's to give
-            r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
-            c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
-            target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
-            if found.codec is None:
-                if data.nbytes != chunk_bytes:
-                    return False  # zarr says what is wrong with it
-                decoded = data
-            elif (
-                target.shape == (cm, cn)
-                and target.dtype == found.dtype
-                and (target.flags.c_contiguous)
-            ):  # the whole chunk, its rows contiguous: decoded in place, no copy
-                decode_exact(
-                    found.codec, data, chunk_bytes, what, target.reshape(-1).view(np.uint8)
-                )
-                continue
-            else:
-                decoded = decode_exact(found.codec, data, chunk_bytes, what)
-            chunk = decoded.view(found.dtype).reshape(cm, cn)
-            np.copyto(target, chunk[r0 - i * cm : r1 - i * cm, c0 - j * cn : c1 - j * cn], "unsafe")
+    for (i, j), data in _chunks(array, indices, batch):
+        if data is None:
+            return False  # unstored: its fill value is zarr's to give
+        r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
+        c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
+        target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+        part = (slice(r0 - i * cm, r1 - i * cm), slice(c0 - j * cn, c1 - j * cn))
+        if found.codec is None:
+            if data.nbytes != chunk_bytes:
+                return False  # zarr says what is wrong with it
+            np.copyto(target, data.view(found.dtype).reshape(cm, cn)[part], "unsafe")
+        elif target.shape == (cm, cn) and target.dtype == found.dtype and target.flags.c_contiguous:
+            # the whole chunk, its rows contiguous: decoded in place, no copy
+            decode_exact(found.codec, data, chunk_bytes, what, target.reshape(-1).view(np.uint8))
+        else:
+            with scratch(chunk_bytes) as decoded:
+                decode_exact(found.codec, data, chunk_bytes, what, decoded)
+                np.copyto(target, decoded.view(found.dtype).reshape(cm, cn)[part], "unsafe")
     return True
 
 
-def _stored(array: Any, indices: list[tuple[int, int]]) -> list[NDArray[np.uint8] | None]:
-    """The stored bytes of the chunks at ``indices`` (None: not stored): from a local store by
-    plain file reads in this thread (zarr's local store sends each through its event loop and
-    a thread: ~90 us a chunk), else in one round trip through zarr's store."""
+def _chunks(
+    array: Any, indices: list[tuple[int, int]], batch: int
+) -> Iterator[tuple[tuple[int, int], NDArray[np.uint8] | None]]:
+    """Each index with its chunk's stored bytes (None: not stored), valid until the next one is
+    asked for: from a local store by plain file reads in this thread into a reused buffer
+    (zarr's local store sends each through its event loop and a thread: ~90 us a chunk, and
+    into new bytes), else ``batch`` at a time in one round trip through zarr's store."""
     from zarr.storage import LocalStore
 
     from pipeline.store.raw_chunks import stored_chunks
 
     store = array.store_path.store
     if not isinstance(store, LocalStore):
-        return stored_chunks(array, indices)
+        for start in range(0, len(indices), batch):
+            part = indices[start : start + batch]
+            yield from zip(part, stored_chunks(array, part), strict=True)
+        return
     folder = os.path.join(str(store.root), array.store_path.path)
-    found: list[NDArray[np.uint8] | None] = []
     for index in indices:
         try:
-            with open(os.path.join(folder, array.metadata.encode_chunk_key(index)), "rb") as f:
-                found.append(np.frombuffer(f.read(), dtype=np.uint8))
+            f = open(os.path.join(folder, array.metadata.encode_chunk_key(index)), "rb")  # noqa: SIM115
         except FileNotFoundError:
-            found.append(None)
-    return found
+            yield index, None
+            continue
+        with f, scratch(os.fstat(f.fileno()).st_size) as data:
+            got = f.readinto(data.data)
+            yield index, data[:got]

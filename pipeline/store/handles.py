@@ -15,9 +15,16 @@ from pipeline.store.fs import fsspec_options
 @functools.lru_cache(maxsize=32)
 def _open(url: str, options_json: str, mode: str, token: str) -> Any:
     options = fsspec_options(url, json.loads(options_json))
-    if mode != "r" and "://" not in url and not options:  # a local OUT: large chunks O_DIRECT
-        return zarr.open_array(store=DirectLocalStore(url), mode=mode)
-    return zarr.open_array(url, mode=mode, storage_options=options)
+    if mode == "r":
+        return zarr.open_array(url, mode=mode, storage_options=options)
+    if "://" not in url and not options:  # a local OUT: large chunks O_DIRECT
+        array = zarr.open_array(store=DirectLocalStore(url), mode=mode)
+    else:
+        array = zarr.open_array(url, mode=mode, storage_options=options)
+    # Every chunk we compute is stored, even one equal to the fill value: zarr would otherwise
+    # compare each with it first (isnan and equal over the whole chunk for a NaN fill: ~0.2
+    # CPU-s of an 8192² job) and delete the stored chunk of a result that happens to be NaN.
+    return array.with_config({"write_empty_chunks": True})
 
 
 def cached_array(
