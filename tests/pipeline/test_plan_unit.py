@@ -44,6 +44,7 @@ def test_constants() -> None:
         (5, 4, None, 2),  # (5 + 4 - 1) / 4
         (3, 4, None, 2),  # (3 + 4 - 1) / 4 = 1.5, rounded up
         (1, 4, None, 1),
+        (3, 1, None, 3),  # chunks of one element
         (6, 4, 100, 2),  # a long axis: as unbounded
         (10, 4, 10, 3),  # the whole axis: its chunks
         (12, 4, 10, 3),  # more than the axis: still its chunks
@@ -77,6 +78,11 @@ def test_zarr_bytes(
     assert memory.zarr_bytes(block, chunk, extent, itemsize) == nbytes
 
 
+def test_zarr_bytes_refuses_mismatched_axes() -> None:
+    with pytest.raises(ValueError, match="zip"):
+        memory.zarr_bytes((4, 4), (2, 2), (8,), 4)  # type: ignore[arg-type]
+
+
 STREAMING = {
     "tile_shape": (128, 96),
     "panel_width": 64,
@@ -107,6 +113,7 @@ first band's write 2·(128·96·4) + 2560 = 100864: host 49152 + max(46592, 7168
         (WRITING, {"dtypes": ("float16", "float16", "float32", "float16")}, 123904, 56320),
         (WRITING, {"dtypes": ("float32", "float64", "float64", "float32")}, 242176, 112640),
         (WRITING, {"split_k": 3}, 248320, 56320),
+        (STREAMING, {"split_k": 3}, 445952, 106496),  # streaming beats the 3 tiles' reduction
         (WRITING, {"prior": True}, 230912, 56320),
         (WRITING, {"prior": True, "split_k": 2}, 322048, 56320),
         (WRITING, {"tile_shape": (128, 90)}, 254784, 53056),
