@@ -30,6 +30,8 @@ INTEGERS = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int6
         ("float32", "float32", 100, "float16", "float16", "float32"),  # half sums in single
         ("float32", "float32", 100, "float64", "float64", "float64"),  # wider float asked
         ("float32", "float32", 100, "complex64", "complex64", "complex64"),  # real into complex
+        ("complex64", "float32", 100, None, "complex64", "complex64"),  # a complex input
+        ("complex64", "complex64", 100, "complex128", "complex128", "complex128"),  # wider
         ("int8", "int8", 1, "int16", "int16", "int16"),  # 1 x 128 x 128 = 16384 fits int16
         ("int8", "int8", 300, "int32", "int32", "int32"),  # the suggested fix
         ("int16", "int16", 1000, "int64", "int64", "int64"),  # int64 accumulates in int64
