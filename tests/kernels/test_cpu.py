@@ -163,6 +163,7 @@ def test_one_blas_call_per_block_reading_panels_in_place(
     a = rng.uniform(-1, 1, (shape[0], 33)).astype("float64")
     b = rng.uniform(-1, 1, (33, shape[1])).astype("float64")
     acc = CpuAccumulator(shape, "float64", block)  # upper=False: the whole product
+    acc.add(a[:, :0], b[:0])  # an empty panel: no call
     acc.add(a, b)
     assert_product(acc.result(), a, b)
     starts = np.cumsum([0, *rows[:-1]])
