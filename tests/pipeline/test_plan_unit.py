@@ -225,6 +225,41 @@ def test_budget_message_when_the_gpu_is_short() -> None:
         plan(*SQUARE, backend="cuda", device=device)
 
 
+WIDE_B = spec((4096, 4096), (1024, 2048))
+"""B in 1024x2048 chunks: the smallest tile is 1024x2048 (rows, then columns)."""
+
+
+def test_budget_messages_name_rows_then_columns() -> None:
+    host = (
+        "no plan fits the memory limit: the smallest needs 368.0 MiB per worker (2 thread(s) x "
+        "56.0 MiB per task for 1024x2048 tiles, plus 256.0 MiB overhead) but the limit is "
+        "1.0 MiB; raise --memory-limit, use fewer threads per worker, or store the inputs with "
+        "smaller chunks"
+    )
+    with pytest.raises(MemoryBudgetError, match=f"^{re.escape(host)}$"):
+        plan(SQUARE[0], WIDE_B, memory_limit_bytes=MiB)
+    device = dataclasses.replace(DEVICE_CLASSES["h100-pcie"], memory_bytes=MiB)
+    gpu = (
+        "no plan fits the device memory: the smallest needs 64.0 MiB per GPU (2 task(s) x "
+        "32.0 MiB for 1024x2048 tiles) but H100-PCIe has 1.0 MiB; raise "
+        "--device-memory-limit, or store the inputs with smaller chunks"
+    )
+    with pytest.raises(MemoryBudgetError, match=f"^{re.escape(gpu)}$"):
+        plan(SQUARE[0], WIDE_B, backend="cuda", device=device)
+
+
+def test_the_gpu_is_short_when_the_host_just_fits() -> None:
+    """The smallest GPU plan needs 88 MiB of host memory per worker (no cache): 344 MiB with
+    the overhead. A limit of exactly that fits the host, so the device is named."""
+    device = dataclasses.replace(DEVICE_CLASSES["h100-pcie"], memory_bytes=MiB)
+    need = 88 * MiB + memory.WORKER_OVERHEAD_BYTES
+    options = {"backend": "cuda", "device": device, "cache_fraction": 0}
+    with pytest.raises(MemoryBudgetError, match="^no plan fits the device memory"):
+        plan(*SQUARE, memory_limit_bytes=need, **options)
+    with pytest.raises(MemoryBudgetError, match="^no plan fits the memory limit: .* 344.0 MiB"):
+        plan(*SQUARE, memory_limit_bytes=need - 1, **options)
+
+
 def test_budget_message_when_both_are_short() -> None:
     """The host is short too: the host's message, which names --memory-limit."""
     device = dataclasses.replace(DEVICE_CLASSES["h100-pcie"], memory_bytes=MiB)

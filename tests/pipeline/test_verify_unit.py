@@ -172,6 +172,7 @@ def stated_ratios(
         (("float32", "float32", "float32"), (7, 1, 9), "float32"),  # K = 1: √K is 1, not √2
         (("float64", "float64", "float64"), (7, 1, 9), "float64"),  # K = 1 in verifier_i too
         (("float32", "complex64", "complex64"), (6, 5, 7), "complex64"),  # real A, complex B
+        (("complex64", "float64", "complex128"), (6, 5, 7), "complex128"),  # and the reverse
     ],
 )
 @pytest.mark.parametrize("noise", [0.0, 1e-3, 10.0])  # measured < bound, between, > bound
@@ -336,9 +337,25 @@ def test_the_reference_of_an_empty_k(tmp_path: Path) -> None:
     assert ref.b_norms.tolist() == [0.0] * 4
     assert ref.exact.shape == (4, 4) and not ref.exact.any()
     assert ref.a_norms.tolist() == [0.0] * 4
-    assert ref.sample_bad.tolist() == [False] * 4
+    assert ref.sample_bad.dtype == bool and ref.sample_bad.tolist() == [False] * 4
     assert ref.b_counts.dtype == np.int64 and ref.b_counts.tolist() == [0] * 4
     assert tasks.count_b(ref) == (0, 0)
+    assert tasks.measure_noise(job, ref) == 0.0  # nothing to measure: every scale is 0
+
+
+@pytest.mark.parametrize(("a_dtype", "b_dtype"), [("float32", "complex64"), ("complex64", "int16")])
+def test_a_pass_over_b_of_mixed_dtypes(tmp_path: Path, a_dtype: str, b_dtype: str) -> None:
+    """One operand real, one complex: both read as complex128 (neither loses its imaginary
+    part)."""
+    a, b = matrices(6, 5, 4, "complex128")
+    a, b = ((x * 4 if np.dtype(d).kind == "c" else (x * 4).real).astype(d)
+            for x, d in ((a, a_dtype), (b, b_dtype)))  # fmt: skip
+    job = make_job(tmp_path, a, b, np.zeros((6, 4), "complex64"), sample=[(1, 4)])
+    part = tasks.b_pass(job, (0, 5))
+    a0, b0 = a.astype("complex128"), b.astype("complex128")
+    np.testing.assert_allclose(part.br, b0 @ job.r, rtol=1e-12)
+    np.testing.assert_allclose(part.exact, a0[1:4] @ b0, rtol=1e-12)
+    assert part.exact.dtype == part.br.dtype == np.complex128
 
 
 # --- the measured noise --------------------------------------------------------------------
