@@ -9,9 +9,11 @@ import dataclasses
 import json
 import logging
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import zarr
@@ -20,8 +22,16 @@ from pipeline.errors import UsageError
 from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
 from pipeline.store import journal
 from pipeline.store.fs import write_bytes
+from tests.pipeline.test_lock_units import SECRET, KeyedFileSystem
 
 FP = "fp-this-job"
+
+
+@pytest.fixture
+def keyed_store() -> Iterator[None]:
+    fsspec.register_implementation("keyed", KeyedFileSystem, clobber=True)
+    yield
+    KeyedFileSystem.clear_instance_cache()
 
 
 def small_plan(**changes: Any) -> MatmulPlan:
@@ -188,6 +198,7 @@ def test_bands_of_another_job_or_of_a_finished_tile_are_not_kept(
     (other,) = chained(data, (4, 8), (0, 2))
     record_band(url, (0, 1), (0, 2), fingerprint="fp-other", chain=other)
     record(url, "journal/band-1-1-4.json", index=[1, 1], rows="4-6", fingerprint=FP, chain=0)
+    record(url, "journal/notes.json", rows=[0, 2], fingerprint=FP)  # names no tile
     plan = small_plan()
     assert journal.written_rows(url, url, {}, plan, FP, set()) == {(0, 0): (2, first)}
     assert journal.written_rows(url, url, {}, plan, FP, {(0, 0)}) == {}
@@ -234,18 +245,48 @@ def entries(folder: Path) -> list[str]:
     return sorted(p.name for p in (folder / "journal").iterdir())
 
 
-def test_forget_removes_the_named_tiles_entries_and_bands_only(tmp_path: Path) -> None:
-    folder = tmp_path / "C_MATRIX"  # an OUT whose name ends in a letter a bad strip would eat
-    url = f"{folder}/"
-    for name in ("tile-0-0", "tile-0-1", "band-0-0-0", "band-0-0-2", "band-0-1-0", "band-10-0-0"):
-        record(str(folder), f"journal/{name}.json", fingerprint=FP)
-    journal.forget(url, {}, {(0, 0), (1, 1)})  # (1, 1) has no entry: nothing to do
-    assert entries(folder) == ["band-0-1-0.json", "band-10-0-0.json", "tile-0-1.json"]
+@pytest.mark.parametrize(
+    "name",
+    [
+        "c.zarr",
+        "C_MATRIX",  # a name ending in a letter a bad strip would eat
+        "c.zarr ",  # one ending in a space (legal): a strip of whitespace would lose it
+    ],
+)
+def test_forget_removes_the_named_tiles_entries_and_bands_only(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / name
+    for entry in ("tile-1-0", "band-1-0-4", "band-1-0-6", "tile-0-1", "band-0-1-0", "band-0-0-0",
+                  "band-11-0-0"):  # fmt: skip
+        record(str(folder), f"journal/{entry}.json", fingerprint=FP)
+    journal.forget(f"{folder}/", {}, {(1, 0), (1, 1)})  # (1, 1) has no entry: nothing to do
+    assert entries(folder) == ["band-0-0-0.json", "band-0-1-0.json", "band-11-0-0.json",
+                               "tile-0-1.json"]  # fmt: skip
 
 
-def test_forget_bands_keeps_the_tiles_entries(tmp_path: Path) -> None:
-    folder = tmp_path / "C_MATRIX"
-    for name in ("tile-0-0", "tile-1-0", "band-0-0-0", "band-1-0-4"):
-        record(str(folder), f"journal/{name}.json", fingerprint=FP)
+@pytest.mark.parametrize("name", ["c.zarr", "C_MATRIX", "c.zarr "])
+def test_forget_bands_keeps_the_tiles_entries(tmp_path: Path, name: str) -> None:
+    folder = tmp_path / name
+    for entry in ("tile-0-0", "tile-1-0", "band-0-0-0", "band-1-0-4"):
+        record(str(folder), f"journal/{entry}.json", fingerprint=FP)
     journal.forget_bands(f"{folder}/", {})
     assert entries(folder) == ["tile-0-0.json", "tile-1-0.json"]
+
+
+def test_the_journal_of_a_store_that_needs_its_options(
+    out: tuple[str, np.ndarray], keyed_store: None
+) -> None:
+    """Every read and removal passes the storage options on (credentials on S3): keyed://
+    refuses any call without them."""
+    path, data = out
+    url = f"keyed://{path}"
+    plan = small_plan()
+    record(path, journal.entry_name((0, 0)), index=[0, 0], fingerprint=FP,
+           checksum=crc(data, (0, 4), (0, 4)))  # fmt: skip
+    (first,) = chained(data, (0, 4), (4, 6))
+    record_band(path, (1, 0), (4, 6), fingerprint=FP, chain=first)
+    assert journal.finished_tiles(url, SECRET, plan, FP, {"fingerprint": FP}) == {(0, 0)}
+    assert journal.written_rows(url, url, SECRET, plan, FP, set()) == {(1, 0): (6, first)}
+    journal.forget_bands(url, SECRET)
+    assert entries(Path(path)) == ["tile-0-0.json"]
+    journal.forget(url, SECRET, {(0, 0)})
+    assert entries(Path(path)) == []

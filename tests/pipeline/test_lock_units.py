@@ -11,7 +11,6 @@ import logging
 import os
 import socket
 import subprocess
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,19 +19,20 @@ from typing import Any
 import fsspec
 import psutil
 import pytest
+from fsspec.implementations.local import LocalFileSystem
 
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.store import lock
-from tests.pipeline import racy_fs
 
 HOST = socket.gethostname()
 SECRET = {"secret": "s3cr3t"}
 """The storage options the keyed:// store refuses to work without."""
 
 
-class KeyedFileSystem(racy_fs.RacyFileSystem):
-    """The local disk as an object store that needs credentials: opened without them, it
-    refuses, so a call that drops the caller's storage options fails."""
+class KeyedFileSystem(LocalFileSystem):
+    """The local disk as an object store (fsspec's create: check, then write) that needs
+    credentials: opened without them, it refuses, so a call that drops the caller's storage
+    options fails."""
 
     protocol = ("keyed",)
 
@@ -61,6 +61,18 @@ class VanishingFileSystem(KeyedFileSystem):
         raise FileNotFoundError(path)
 
 
+class OvertakenFileSystem(KeyedFileSystem):
+    """A store without conditional writes where another job's create lands just after ours
+    (both checked, both wrote): the lock is theirs."""
+
+    protocol = ("overtaken",)
+
+    def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
+        super().pipe_file(path, value, mode, **kwargs)
+        theirs = {"pid": 4242, "host": HOST, "started": 1e9, "token": "theirs"}
+        super().pipe_file(path, json.dumps(theirs).encode())
+
+
 class ReleasingFileSystem(KeyedFileSystem):
     """A store where the holder releases the lock just as a taker goes to read who holds it."""
 
@@ -73,12 +85,17 @@ class ReleasingFileSystem(KeyedFileSystem):
         return super().cat_file(path, start, end, **kwargs)
 
 
-STORES = (KeyedFileSystem, StickyFileSystem, VanishingFileSystem, ReleasingFileSystem)
+STORES = (
+    KeyedFileSystem,
+    StickyFileSystem,
+    VanishingFileSystem,
+    OvertakenFileSystem,
+    ReleasingFileSystem,
+)
 
 
 @pytest.fixture(autouse=True)
-def stores(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(racy_fs, "GAP", 0.0)  # no race here: just a store without flock
+def stores() -> Iterator[None]:
     for fs in STORES:
         fsspec.register_implementation(fs.protocol[0], fs, clobber=True)
     yield
@@ -143,13 +160,17 @@ def test_local_lock_names_its_holder_in_a_file_everyone_can_read(
     assert not path.exists() and open_fds() == fds, "released: the file and its descriptor"
 
 
-def test_second_local_taker_is_refused_naming_the_holder(out: Path) -> None:
+def test_second_local_taker_is_refused_naming_the_holder(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     held = lock.acquire(str(out), {})
     started = json.loads((out / "lock.json").read_text())["started"]
-    fds = open_fds()
+    fds, slept = open_fds(), []
+    monkeypatch.setattr(lock.time, "sleep", slept.append)
     with pytest.raises(UnsafeOutputError, match=busy(str(out), os.getpid(), HOST, started)):
         lock.acquire(str(out), {})
     assert open_fds() == fds, "the refused taker closed its descriptor"
+    assert slept == [], "a holder that has written its name is named at once"
     assert held.still_held()
     held.release()
 
@@ -173,20 +194,27 @@ def test_local_lock_held_with_unreadable_contents_is_still_refused(out: Path, co
         os.close(fd)
 
 
-def test_refused_in_the_instant_a_new_holder_takes_the_lock_names_it(out: Path) -> None:
+def test_refused_in_the_instant_a_new_holder_takes_the_lock_names_it(
+    out: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The winner of a race takes the flock, then writes its name: a loser refused in between
-    waits for the name rather than naming no one ("pid None")."""
+    waits for the name (briefly) rather than naming no one ("pid None")."""
     fd = os.open(out / "lock.json", os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
-    name = {"pid": 4242, "host": HOST, "started": 1e9}
-    writer = threading.Timer(0.05, lambda: os.pwrite(fd, json.dumps(name).encode(), 0))
-    writer.start()
+    slept: list[float] = []
+
+    def sleep(seconds: float) -> None:  # the winner writes its name while the loser waits
+        slept.append(seconds)
+        name = {"pid": 4242, "host": HOST, "started": 1e9}
+        os.pwrite(fd, json.dumps(name).encode(), 0)
+
+    monkeypatch.setattr(lock.time, "sleep", sleep)
     try:
         with pytest.raises(UnsafeOutputError, match=busy(str(out), 4242, HOST, 1e9)):
             lock.acquire(str(out), {})
     finally:
-        writer.join()
         os.close(fd)
+    assert len(slept) == 1 and slept[0] <= lock.NAMING_SECONDS
 
 
 def test_stale_local_lock_is_taken_over_with_a_word_and_rewritten_whole(
@@ -414,6 +442,32 @@ def test_object_store_stale_lock_removed_by_another_taker_first_is_taken(out: Pa
     write_lock(out, pid=dead_pid(), host=HOST, started=1e9, process_started=1.0)
     held = lock.acquire(keyed(out, "vanishing"), dict(SECRET))
     assert json.loads((out / "lock.json").read_text())["token"] == held.token
+
+
+def test_object_store_lock_overtaken_after_the_write_is_refused_naming_the_winner(
+    out: Path,
+) -> None:
+    """Two jobs pass the check and write; the token read back tells this one it lost, and
+    its refusal names the job whose lock it is."""
+    with pytest.raises(UnsafeOutputError, match=busy(keyed(out, "overtaken"), 4242, HOST, 1e9)):
+        lock.acquire(keyed(out, "overtaken"), dict(SECRET))
+    assert json.loads((out / "lock.json").read_text())["token"] == "theirs", "theirs stays"
+
+
+@pytest.mark.parametrize("name", ["c.zarr", "C_MATRIX"])  # a letter a bad strip would eat
+def test_object_store_lock_of_another_host_names_the_file_to_delete(
+    tmp_path: Path, name: str
+) -> None:
+    out = tmp_path / name
+    out.mkdir()
+    write_lock(out, pid=4242, host="some-other-host", started=1e9, process_started=1.0)
+    words = (
+        rf"^OUT \(keyed://{out}/\) is locked by a job \(pid 4242 on some-other-host since "
+        rf"{since(1e9)}\) on another host, which can't be checked from here; if that job is "
+        rf"gone, delete keyed://{out}/lock.json and rerun$"
+    )
+    with pytest.raises(UnsafeOutputError, match=words):
+        lock.acquire(f"keyed://{out}/", dict(SECRET))
 
 
 def test_object_store_lock_released_as_a_taker_looks_is_taken(out: Path) -> None:
