@@ -5,6 +5,7 @@ computed here from the formula (not from the code). Fast enough to mutation-test
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from pipeline.errors import InputNotFoundError
 from pipeline.plan.spec import ArraySpec
 from pipeline.run import verify_tasks as tasks
 from pipeline.run.verify_tasks import CheckSpec
+from pipeline.store import inputs
 from tests.helpers import write_array
 
 STATED_TAU, STATED_SAFETY, STATED_MAD = 6.0, 4.0, 0.6745
@@ -291,6 +293,7 @@ def test_a_pass_over_b_sums_what_its_k_block_contributes(
         bad = ~np.isfinite(a[s, k0:k1]).all(axis=1)
         np.testing.assert_array_equal(part.sample_bad, bad)
         np.testing.assert_array_equal(part.b_counts, (~np.isfinite(b[k0:k1])).sum(axis=0))
+        assert part.b_counts.dtype == np.int64  # counts, as _BPart declares
     assert tasks.b_pass(job, (4, 8)).sample_bad.tolist() == [False, True, False, False, False]
 
 
@@ -531,3 +534,28 @@ def test_a_missing_c_is_named(tmp_path: Path) -> None:
     ):
         with pytest.raises(InputNotFoundError, match=r"^C \("):
             run()
+
+
+def test_every_task_opens_its_arrays_with_the_jobs_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The storage options (credentials, endpoint) reach every open, each array named."""
+    a, b = matrices(6, 5, 6, "float32")
+    c = planted(a, b, "float32")
+    job = make_job(tmp_path, a, b, c)
+    job = dataclasses.replace(job, options={"anon": True})  # dropped for local paths
+    opened: list[tuple[str, Any, str]] = []
+    real = inputs.open_input
+
+    def spy(url: str, options: Any = None, name: str = "A") -> Any:
+        opened.append((Path(url).name, options, name))
+        return real(url, options, name)
+
+    monkeypatch.setattr(inputs, "open_input", spy)
+    check_all(job, 0.0)
+    tasks.measure_noise(job, reference(job))
+    tasks.asymmetric(job, (0, 4))
+    assert {(url, name) for url, _, name in opened} == {
+        ("a.zarr", "A"), ("b.zarr", "B"), ("c.zarr", "C"),
+    }  # fmt: skip
+    assert all(options == {"anon": True} for _, options, _ in opened)
