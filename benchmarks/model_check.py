@@ -14,7 +14,9 @@ resource each names as the largest, and the load average when the runs started. 
 thread-seconds are wall time in each thread, so they grow when more threads than cores are
 busy (a task reads its next panels in two threads while it multiplies) and when other work
 loads the machine; the workers' CPU seconds (user + system) against the model's sum of
-thread-seconds do not.
+thread-seconds do not. So each resource's CPU-seconds (the ``time:`` line's CPU-seconds by
+kind: product; decode + our copies; our write side + zarr's threads) are printed too, with the
+resource that spent the most: the demand on the cores, which waiting does not inflate.
 """
 
 from __future__ import annotations
@@ -34,6 +36,9 @@ from typing import Any
 from pipeline.generate import write_random
 
 RESOURCES = ("product", "decode", "write")
+CPU_KINDS = {"product": ("product",), "decode": ("decode", "copy"), "write": ("write", "zarr")}
+"""The run's CPU-seconds by kind (pipeline.cputime) per resource: our copies are the reads'
+(blocks of small chunks copied into panels); zarr's threads encode and store OUT."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,11 @@ def measured(a: str, b: str, out: str) -> dict[str, float]:
     phases = dict(re.findall(r"(\w+) ([0-9.]+)", text.split("thread-seconds", 1)[1].split(";")[0]))
     times = {k: float(v) for k, v in phases.items()}
     cpu = re.search(r"user ([0-9.]+) s, system ([0-9.]+) s", text)
+    found = re.search(r"CPU-seconds by kind: (.*)", text)
+    split = found.group(1) if found else ""
+    kinds = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", split)}
     return {
+        **{f"cpu_{r}": sum(kinds.get(k, 0.0) for k in CPU_KINDS[r]) for r in RESOURCES},
         "cli": wall,
         "job": job,
         "product": times["product"],
@@ -128,17 +137,21 @@ def table(rows: list[dict[str, Any]]) -> str:
     head = (
         "| case | OUT chunks | modelled s | CLI s | CLI / modelled | job s | "
         + " | ".join(f"{r} model / measured" for r in RESOURCES)
-        + " | largest model / measured | CPU s model / measured | load |"
+        + " | largest model / measured | CPU-s by resource | largest by CPU-s"
+        + " | CPU s model / measured | load |"
     )
-    lines = [head, "|" + "---|" * (6 + len(RESOURCES) + 3)]
+    lines = [head, "|" + "---|" * (6 + len(RESOURCES) + 5)]
     for row in rows:
         m, got = row["model"], row["measured"]
         largest = max(RESOURCES, key=lambda r: got[r])
+        by_cpu = max(RESOURCES, key=lambda r: got.get(f"cpu_{r}", 0.0))
+        cpu_split = " ".join(f"{got.get(f'cpu_{r}', float('nan')):.2f}" for r in RESOURCES)
         per = " | ".join(f"{m[r]:.2f} / {got[r]:.2f}" for r in RESOURCES)
         lines.append(
             f"| {row['case']} | {m['out_chunks']} | {m['job']:.2f} | {got['cli']:.2f}"
             f" | {got['cli'] / m['job']:.2f} | {got['job']:.2f} | {per}"
-            f" | {m['bound']} / {largest} | {m['cpu']:.2f} / {got['cpu']:.2f}"
+            f" | {m['bound']} / {largest} | {cpu_split} | {by_cpu}"
+            f" | {m['cpu']:.2f} / {got['cpu']:.2f}"
             f" | {got['load']:.1f} |"
         )
     return "\n".join(lines)
