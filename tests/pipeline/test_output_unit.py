@@ -4,19 +4,23 @@ writes and removes. Fast enough to mutation-test (benchmarks/mutate.py, target o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import dask.config
+import fsspec
 import numcodecs
 import numpy as np
 import pytest
 import zarr
+from fsspec.implementations.memory import MemoryFileSystem
 from zarr.codecs import BloscCodec
 
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError
+from pipeline.plan.spec import ArraySpec
 from pipeline.store import output as output_module
 from pipeline.store.output import ATTRS_KEY, Output, output_compressors
 from tests.helpers import write_array
@@ -68,8 +72,14 @@ def test_out_beside_the_inputs_is_accepted(tmp_path: Path) -> None:
 def test_out_as_an_archive_or_unknown_protocol_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"is an archive, which can't take concurrent writers"):
         Output(str(tmp_path / "out.zip")).check_path([])
-    with pytest.raises(UsageError, match=r"unknown protocol 'nosuch://'"):
+    with pytest.raises(UsageError, match=r"^OUT \(nosuch://bucket/out.zarr\) has the unknown"):
         Output("nosuch://bucket/out.zarr").check_path([])
+
+
+def test_out_beside_two_inputs_is_accepted(tmp_path: Path) -> None:
+    """A and B only (no C): the names run out before the inputs do, or the other way."""
+    Output(str(tmp_path / "c.zarr")).check_path([str(tmp_path / "a"), str(tmp_path / "b")])
+    Output(str(tmp_path / "c.zarr")).check_path([])
 
 
 # --- what is there -------------------------------------------------------------------------
@@ -83,6 +93,16 @@ def test_state_of_nothing_and_of_a_folder_holding_only_a_lock(tmp_path: Path) ->
     (tmp_path / "out.zarr" / "lock.json").write_text("{}")
     (tmp_path / "out.zarr" / "inputs.json").write_text("{}")
     assert out.state() is None  # killed before creating the array
+
+
+@pytest.mark.parametrize("names", [["lock.jsonX"], ["inputs.json "], ["lock.json", "c"]])
+def test_a_folder_holding_more_than_a_lock_is_not_empty(tmp_path: Path, names: list[str]) -> None:
+    path = tmp_path / "out.zarr"
+    path.mkdir()
+    for name in names:
+        (path / name).write_text("{}")
+    with pytest.raises(UnsafeOutputError, match="is not a Zarr array written by this tool"):
+        Output(str(path)).state()
 
 
 def test_state_of_our_array_is_its_attributes(tmp_path: Path) -> None:
@@ -200,6 +220,19 @@ def test_claim_refuses_foreign_files_in_our_array(tmp_path: Path, resume: bool, 
         out.claim(seen, overwrite=not resume, resume=resume),
     ):
         pass
+
+
+@pytest.mark.parametrize(
+    ("count", "shown"),
+    [(3, r"([a-c]\.txt, ){2}[a-c]\.txt"), (4, r"([a-d]\.txt, ){2}[a-d]\.txt and 1 more")],
+)
+def test_foreign_files_are_named_three_at_most(tmp_path: Path, count: int, shown: str) -> None:
+    out = ours(tmp_path)
+    for name in "abcd"[:count]:
+        (tmp_path / "out.zarr" / f"{name}.txt").write_text("mine")
+    want = rf"holds {count} file\(s\) this tool did not write \({shown}\); --overwrite"
+    with pytest.raises(UnsafeOutputError, match=want):
+        out.remove_ours()
 
 
 @pytest.mark.parametrize("seen", [None, {"fingerprint": "other"}])
@@ -423,3 +456,58 @@ def test_an_unknown_codec_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     want = "tilegemm.output-compressor is 'brotli'; use auto, none, lz4 or zstd"
     with pytest.raises(UsageError, match=f"^{re.escape(want)}$"):
         output_compressors("float32")
+
+
+class TokenFileSystem(MemoryFileSystem):
+    """An in-memory object store that refuses to open without its credential: every call
+    made without the job's storage options fails."""
+
+    protocol = ("tokenfs",)
+
+    def __init__(self, *args: Any, token: str | None = None, **kwargs: Any) -> None:
+        if token != "secret":
+            raise PermissionError("tokenfs: no credential")
+        super().__init__(*args, **kwargs)
+
+
+def test_every_operation_passes_the_storage_options(tmp_path: Path) -> None:
+    """OUT on an object store that needs its options (a credential): each of Output's
+    operations reaches it with them."""
+    fsspec.register_implementation("tokenfs", TokenFileSystem, clobber=True)
+    root = f"tokenfs://{tmp_path.name}"
+    options = {"token": "secret"}
+    out = Output(f"{root}/out.zarr", options)
+    with pytest.raises(PermissionError):
+        Output(f"{root}/out.zarr").state()  # the store as configured here
+    try:
+        out.check_path([f"{root}/a.zarr", f"{root}/b.zarr"])
+        with out.claim(None, overwrite=False, resume=False) as (_, state):
+            assert state is None and out.zarr_format() == 3
+            out.create((4, 6), (2, 3), "float32", {"fingerprint": "f0"})
+        assert out.layout()["chunks"] == (2, 3)
+        out.mark("f1", complete=True)
+        assert out.state() == {"fingerprint": "f1", "complete": True}
+        out.writable("job-1")[0:2, 0:3] = 1
+        out.journal_tile((0, 0), {"checksum": 1})
+        out.journal_band((0, 1), (0, 2), {"checksum": 2})
+        out.save_input_listings({})
+        assert out.input_listings() == {}
+        out.forget_tiles({(0, 0)})
+        assert out.refresh_consolidated() == []
+        out.remove_ours()
+        store = TokenFileSystem(token="secret")
+        assert store.find(tmp_path.name) == []
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            TokenFileSystem(token="secret").rm(tmp_path.name, recursive=True)
+
+
+def test_finished_tiles_of_a_fresh_out(tmp_path: Path) -> None:
+    """A matching fingerprint and no journal: nothing to skip."""
+    from pipeline.plan import plan_matmul
+
+    a = ArraySpec((4, 5), (2, 5), "float32")
+    plan = plan_matmul(a, ArraySpec((5, 6), (5, 3), "float32"), workers=1,
+                       threads_per_worker=1, memory_limit_bytes=2**31)  # fmt: skip
+    out = ours(tmp_path)
+    assert out.finished_tiles(plan, "f0", {"fingerprint": "f0"}) == set()
