@@ -308,6 +308,19 @@ def test_create_fills_so_unwritten_tiles_show(tmp_path: Path, dtype: str, fill: 
     assert dict(array.attrs) == {ATTRS_KEY: {"x": 1}}
 
 
+@pytest.mark.parametrize(("dtype", "zarr_format"), [("int16", 3), ("int16", 2), ("float32", 3)])
+def test_create_uses_the_output_codec(tmp_path: Path, dtype: str, zarr_format: int) -> None:
+    """auto: none for floats (zarr's default would be zstd), Blosc-LZ4 for integers."""
+    array = Output(str(tmp_path / "c")).create((4, 4), (2, 2), dtype, {}, zarr_format=zarr_format)
+    names = [f"{type(c).__name__}:{getattr(c, 'cname', '')}" for c in array.compressors]
+    if dtype == "float32":
+        assert names == []
+    else:
+        assert (
+            len(names) == 1 and names[0].startswith(("BloscCodec", "Blosc")) and "lz4" in names[0]
+        )
+
+
 def test_create_never_replaces(tmp_path: Path) -> None:
     ours(tmp_path)
     with pytest.raises(Exception, match="exist"):  # noqa: PT011 - zarr's own error
@@ -480,6 +493,9 @@ def test_every_operation_passes_the_storage_options(tmp_path: Path) -> None:
     with pytest.raises(PermissionError):
         Output(f"{root}/out.zarr").state()  # the store as configured here
     try:
+        TokenFileSystem(token="secret").pipe(f"{tmp_path.name}/out.zarr/lock.json", b"{}")
+        assert out.state() is None  # holding only a lock: listed on a store whose ls gives dicts
+        TokenFileSystem(token="secret").rm(f"{tmp_path.name}/out.zarr", recursive=True)
         out.check_path([f"{root}/a.zarr", f"{root}/b.zarr"])
         with out.claim(None, overwrite=False, resume=False) as (_, state):
             assert state is None and out.zarr_format() == 3
