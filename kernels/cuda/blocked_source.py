@@ -137,17 +137,20 @@ def pipelined_tile(
     multiply: list[str],
     store: Callable[[int], list[str]],
     who: str,
+    load_last: bool = False,
 ) -> list[str]:
     """The body of one K tile after its indices: prefetch the next tile into registers (only if
     there is one, when ``checked``), multiply the current one, store the prefetched one into the
-    other buffer, then the one barrier. Shared by the fp32 and tensor-core generators."""
-    if checked:
-        lines = [f"        more = {counter} + 1 < n_tiles", "        if more:"]
-        lines += prefetch(12, True)
+    other buffer, then the one barrier. Shared by the fp32 and tensor-core generators.
+    ``load_last``: load the next tile after the multiply instead, so its registers are not live
+    during it (3xTF32, whose multiply needs them)."""
+    lines = [f"        more = {counter} + 1 < n_tiles"] if checked else []
+    guard, indent = (["        if more:"], 12) if checked else ([], 8)
+    loads, stores = prefetch(indent, checked), store(indent)
+    if load_last:
+        lines += multiply + guard + loads + stores
     else:
-        lines = prefetch(8, False)
-    lines += multiply
-    lines += ["        if more:", *store(12)] if checked else store(8)
+        lines += guard + loads + multiply + guard + stores
     return lines + [
         f"        # The next buffer is complete, and {who} is done with this one before",
         "        # the next iteration overwrites it: one barrier per tile, reached by all threads.",

@@ -107,7 +107,9 @@ def _accumulators(spec: MmaSpec) -> list[tuple[int, int, int]]:
 
 
 def _tile_step(spec: MmaSpec, a_buf: int, b_buf: int, checked: bool) -> list[str]:
-    """One K tile: prefetch the next tile, multiply the current one, store the prefetched one."""
+    """One K tile: prefetch the next tile, multiply the current one, store the prefetched one.
+    3xTF32 loads the next tile after the multiply: its temporaries (_mma_lines) leave no room
+    under the 128-register cap for the loaded values, and ptxas spills with them live."""
     lines = ["        cur = kt & 1", f"        kn = ((kt + 1) * {spec.block_k}) & 0x7FFFFFFF"]
     return lines + pipelined_tile(
         "kt",
@@ -116,6 +118,7 @@ def _tile_step(spec: MmaSpec, a_buf: int, b_buf: int, checked: bool) -> list[str
         _multiply(spec, a_buf, b_buf),
         lambda indent: _store(spec, "(1 - cur)", indent),
         "every warp",
+        load_last=spec.planes == 2,
     )
 
 
@@ -153,7 +156,7 @@ def _store(spec: MmaSpec, buf: str, indent: int) -> list[str]:
 
 def _multiply(spec: MmaSpec, a_buf: int, b_buf: int) -> list[str]:
     """The warp's mma tiles for each k-step: B fragments of every n-tile once, then per m-tile
-    its A fragment and one mma (tf32) or three (3xtf32: small.big, big.small, big.big)."""
+    its A fragment and its mma (_mma_lines)."""
     a_off, b_off = a_offsets(spec), b_offsets(spec)
     planes = range(spec.planes)
     lines = [f"        fa_k = cur * {a_buf} + fa", f"        fb_k = cur * {b_buf} + fb"]
@@ -173,12 +176,29 @@ def _multiply(spec: MmaSpec, a_buf: int, b_buf: int) -> list[str]:
                 for r, o in enumerate(a_off)
             ]
             for j in range(spec.n_tiles):
-                pairs = [(1, 0), (0, 1), (0, 0)] if spec.planes == 2 else [(0, 0)]
-                for pa, pb in pairs:
-                    acc = ", ".join(f"c{i}_{j}_{r}" for r in range(4))
-                    a_args = ", ".join(f"a{pa}_{r}" for r in range(4))
-                    lines += [f"        {acc} = mma({a_args}, b{pb}_{j}_0, b{pb}_{j}_1, {acc})"]
+                lines += _mma_lines(spec, i, j)
     return lines
+
+
+def _mma_lines(spec: MmaSpec, i: int, j: int) -> list[str]:
+    """One k-step of mma tile (i, j). tf32: one mma into the accumulators. 3xtf32: small.big,
+    big.small, big.big chained into a temporary that starts at zero, then 4 float adds into the
+    accumulators: one rounding at the accumulators' magnitude per k-step, not three (the two
+    small terms round at their own, ~2^-11 smaller, magnitude)."""
+    acc = ", ".join(f"c{i}_{j}_{r}" for r in range(4))
+
+    def mma(pa: int, pb: int, c: str) -> str:
+        a_args = ", ".join(f"a{pa}_{r}" for r in range(4))
+        return f"mma({a_args}, b{pb}_{j}_0, b{pb}_{j}_1, {c})"
+
+    if spec.planes == 1:
+        return [f"        {acc} = {mma(0, 0, acc)}"]
+    tmp = ", ".join(f"t{r}" for r in range(4))
+    return [
+        f"        {tmp} = {mma(1, 0, 'zero, zero, zero, zero')}",
+        f"        {tmp} = {mma(0, 1, tmp)}",
+        f"        {tmp} = {mma(0, 0, tmp)}",
+    ] + [f"        c{i}_{j}_{r} += t{r}" for r in range(4)]
 
 
 def _epilogue(spec: MmaSpec) -> list[str]:

@@ -11,10 +11,14 @@ Design (for the H100, sm_90; shapes in kernels.cuda.mma_spec):
   prefetched into registers while the current one is multiplied, one barrier per tile. Each
   value is rounded to TF32 (``cvt.rna``) once, when stored to shared memory, so the hot loop
   holds only shared loads and HMMA. 3xTF32 stores two planes, big = rna(x) and
-  small = rna(x - big) (x - big is exact in float32), and issues three mma per tile pair:
-  small.big + big.small + big.big into the same float32 accumulators (small.small, ~2^-22
-  relative, is dropped). TF32: BK = 16 (two k-steps, 37 KiB shared); 3xTF32: BK = 8 (two
-  planes, 41 KiB), both within the 48 KiB of static shared memory.
+  small = rna(x - big) (x - big is exact in float32), and per tile pair and k-step chains
+  small.big, big.small, big.big through a 4-register temporary that starts at zero, then adds
+  it to the float32 accumulators (4 FADD): one rounding at the accumulators' magnitude per
+  k-step, not three (small.small, ~2^-22 relative, is dropped). The temporaries leave no room
+  for the next tile's 8 loaded values under the 128-register cap (ptxas spilled 16 bytes), so
+  3xTF32 loads the next tile after the multiply, not before (128 registers, no spills).
+  TF32: BK = 16 (two k-steps, 37 KiB shared); 3xTF32: BK = 8 (two planes, 41 KiB), both
+  within the 48 KiB of static shared memory.
 - **Fragments** are loaded with 32-bit shared loads in the PTX ISA's m16n8k8 layout
   (g = lane >> 2, t = lane & 3). A is stored row-major with pitch BK + 4 words, so the 8 x 4
   (g, t) pattern of an A fragment load falls on 32 distinct banks; B row-major with pitch
@@ -27,11 +31,16 @@ Design (for the H100, sm_90; shapes in kernels.cuda.mma_spec):
   H100 the mma.sync path (not wgmma) reaches at most about 60 % of the TF32 dense peak
   (378 TFLOP/s PCIe, 495 SXM), and 24 LDS.32 per 16 HMMA make shared-memory bandwidth the
   next limit: we expect ~120-200 TFLOP/s for tf32 and a third of that for 3xtf32 (40-65
-  TFLOP/s, about the FP32 units' 51-67) against cuBLAS TF32's ~300. Unverified estimates.
+  TFLOP/s, about the FP32 units' 51-67) against cuBLAS TF32's ~300. Unverified estimates;
+  3xTF32's global loads after the multiply are hidden only by the SM's other warps, which may
+  cost it more.
 - **Accuracy**: TF32 rounds each input to 11 significant bits (u = 2^-11), so |C - AB| is
-  about 2^-10 |A||B| per element, not growing with K; 3xTF32 is float32's (NumPy emulation in
-  tests/kernels/test_tf32_emulation.py, numbers in DESIGN.md). An infinite or near-overflow
-  (|x| >= 2^128 (1 - 2^-12)) input makes 3xTF32's small part NaN.
+  about 2^-10 |A||B| per element, not growing with K; 3xTF32 is float32's. Emulated (NumPy,
+  tests/kernels/test_tf32_emulation.py; 256 x 256, uniform [-1, 1], seed 0), worst element
+  relative to max|AB| at K = 512 / 4096: numpy float32 4.8e-7 / 5.1e-7, tf32 2.6e-4 /
+  2.7e-4, 3xtf32 3.2e-7 / 1.0e-6 (1.97x numpy's at K = 4096, the target being <= 2x; with
+  the three mma straight into the accumulators it was 5.0e-7 / 1.5e-6, 2.9x). An infinite or
+  near-overflow (|x| >= 2^128 (1 - 2^-12)) input makes 3xTF32's small part NaN.
 """
 
 from __future__ import annotations

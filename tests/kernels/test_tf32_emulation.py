@@ -3,20 +3,24 @@ split in NumPy, and the generated kernel source run in the simulator with the tw
 intrinsics emulated (tests/kernels/tf32_emulation.py), against the exact emulation.
 
 Accuracy of the emulation against float64, 256 x 256 outputs, A and B uniform in [-1, 1],
-seed 0: normwise ||C - AB||_F / ||AB||_F and worst max|C - AB| / max|AB| (test_accuracy_at_k
-prints them):
+seed 0: normwise ||C - AB||_F / ||AB||_F and worst max|C - AB| / max|AB| (printed by
+``pytest tests/kernels/test_tf32_emulation.py -k accuracy_at_k -s``):
 
-    K      numpy float32      fp32 K-order       tf32               3xtf32
-    512    2.9e-07 / 4.8e-07  4.1e-07 / 9.1e-07  2.6e-04 / 2.6e-04  2.6e-07 / 5.0e-07
-    4096   3.7e-07 / 5.1e-07  1.1e-06 / 2.5e-06  2.6e-04 / 2.7e-04  7.1e-07 / 1.5e-06
+    K     numpy float32    fp32 K-order     tf32             3xtf32 before    3xtf32
+    512   2.9e-7 / 4.8e-7  4.1e-7 / 9.1e-7  2.6e-4 / 2.6e-4  2.6e-7 / 5.0e-7  1.6e-7 / 3.2e-7
+    4096  3.7e-7 / 5.1e-7  1.1e-6 / 2.5e-6  2.6e-4 / 2.7e-4  7.1e-7 / 1.5e-6  4.1e-7 / 1.0e-6
 
-TF32 stays at ~2^-12 whatever K (its rounding of A and B). 3xTF32 is float32-class: normwise
-within 2x numpy's, worst element 3x numpy's at K = 4096 but better than our fp32 kernel's
-(one float32 accumulator per element summed in K order, where OpenBLAS blocks its sums).
+TF32 stays at ~2^-12 whatever K (its rounding of A and B). "3xtf32 before" is the first kernel,
+whose three mma per k-step went straight into the long accumulator: three roundings at its
+magnitude per k-step, 1536 at K = 4096, worst element 2.9x numpy's. The kernel now chains them
+through a temporary from zero and adds that once (one rounding at the accumulator's magnitude
+per k-step): worst element 1.97x numpy's at K = 4096 (issue 21's target: <= 2x), normwise
+within 1.2x. A thin margin: seeds 1-5 give 1.5x-1.84x.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -172,11 +176,22 @@ def _errors(got: np.ndarray, want: np.ndarray) -> tuple[float, float]:
     )
 
 
-@pytest.mark.parametrize("k", [512, 4096])
-def test_accuracy_at_k(k: int) -> None:
-    """The module docstring's table. 3xTF32 is float32-class: normwise within 2x numpy's float32
-    matmul, worst element no worse than our fp32 kernel's K-order sum; TF32 normwise within
-    2^-10 (both operands rounded to u = 2^-11) and within the helpers' TF32 bound."""
+def _3xtf32_into_the_accumulator(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The first 3xTF32 kernel: small.big, big.small, big.big per k-step, each mma straight
+    into the long accumulator (three roundings at its magnitude per k-step)."""
+    (a_hi, a_lo), (b_hi, b_lo) = split_3xtf32(a), split_3xtf32(b)
+    pairs = [(a_lo, b_hi), (a_hi, b_lo), (a_hi, b_hi)]
+    wide = [(x.astype(np.float64), y.astype(np.float64)) for x, y in pairs]
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for s in range(0, a.shape[1], 8):
+        for x, y in wide:
+            acc = (acc + x[:, s : s + 8] @ y[s : s + 8]).astype(np.float32)
+    return acc
+
+
+@functools.cache
+def _accuracy(k: int) -> dict[str, tuple[float, float]]:
+    """(normwise, worst) errors of each product at depth ``k`` (the module docstring's table)."""
     rng = np.random.default_rng(0)
     a = rng.uniform(-1, 1, (256, k)).astype(np.float32)
     b = rng.uniform(-1, 1, (k, 256)).astype(np.float32)
@@ -185,16 +200,37 @@ def test_accuracy_at_k(k: int) -> None:
         "numpy": a @ b,
         "fp32 K-order": _k_order_fp32(a, b),
         "tf32": emulate_product(a, b, "tf32"),
+        "3xtf32 before": _3xtf32_into_the_accumulator(a, b),
         "3xtf32": emulate_product(a, b, "3xtf32"),
     }
-    errors = {name: _errors(got, want) for name, got in products.items()}
+    assert_product(products["tf32"], a, b, precision="tf32")
+    assert_product(products["3xtf32"], a, b, precision="3xtf32")
+    return {name: _errors(got, want) for name, got in products.items()}
+
+
+@pytest.mark.parametrize("k", [512, 4096])
+def test_accuracy_at_k(k: int) -> None:
+    """The module docstring's table. 3xTF32 is float32-class: normwise within 2x numpy's float32
+    matmul, worst element better than our fp32 kernel's K-order sum and than the first 3xTF32
+    kernel's; TF32 normwise within 2^-10 (both operands rounded to u = 2^-11) and within the
+    helpers' TF32 bound."""
+    errors = _accuracy(k)
     print(f"K={k}: " + ", ".join(f"{n} {e[0]:.2g} / {e[1]:.2g}" for n, e in errors.items()))
     assert errors["3xtf32"][0] <= 2 * errors["numpy"][0]
     assert errors["3xtf32"][1] <= errors["fp32 K-order"][1]
+    assert errors["3xtf32"][1] < errors["3xtf32 before"][1]
     assert errors["tf32"][0] <= 2.0**-10
     assert errors["tf32"][0] > 100 * errors["numpy"][0]  # TF32 really is coarser
-    assert_product(products["tf32"], a, b, precision="tf32")
-    assert_product(products["3xtf32"], a, b, precision="3xtf32")
+
+
+def test_3xtf32_worst_error_within_twice_numpy_at_k_4096() -> None:
+    """Issue 21's accuracy target, on the emulation: the worst element of 3xTF32 within 2x numpy
+    float32's at K = 4096 (seed 0: 1.97x). The first kernel's scheme, three mma per k-step into
+    the long accumulator, misses it (2.9x): the target tells the two apart."""
+    errors = _accuracy(4096)
+    numpy_worst = errors["numpy"][1]
+    assert errors["3xtf32"][1] <= 2 * numpy_worst, errors
+    assert errors["3xtf32 before"][1] > 2 * numpy_worst, errors
 
 
 # --- the generated kernel in the simulator, intrinsics emulated ---------------------------------

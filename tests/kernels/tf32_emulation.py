@@ -35,8 +35,10 @@ def split_3xtf32(x: Any) -> tuple[Any, Any]:
 
 
 def emulate_product(a: F32, b: F32, precision: str) -> F32:
-    """a @ b as the kernel computes it (float32 result, zero C): K in steps of 8, each an mma
-    (three for 3xtf32: small.big, big.small, big.big) rounded to float32 once."""
+    """a @ b as the kernel computes it (float32 result, zero C): K in steps of 8. tf32: one mma
+    per step into the accumulator, rounded to float32 once. 3xtf32: small.big, big.small and
+    big.big chained through a temporary that starts at zero (each mma rounded once), then the
+    temporary added to the accumulator in float32."""
     k = a.shape[1]
     pad = -k % MMA_K  # the kernel's zero fill: zeros add nothing
     a = np.pad(a.astype(np.float32), ((0, 0), (0, pad)))
@@ -49,9 +51,12 @@ def emulate_product(a: F32, b: F32, precision: str) -> F32:
     wide = [(x.astype(np.float64), y.astype(np.float64)) for x, y in pairs]
     acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
     for s in range(0, k + pad, MMA_K):
+        # tf32 chains straight into the accumulator; 3xtf32 into a temporary from zero.
+        tmp = acc if precision == "tf32" else np.zeros_like(acc)
         for x, y in wide:
             step = x[:, s : s + MMA_K] @ y[s : s + MMA_K]  # 8 exact products, summed in float64
-            acc = (acc.astype(np.float64) + step).astype(np.float32)
+            tmp = (tmp.astype(np.float64) + step).astype(np.float32)
+        acc = tmp if precision == "tf32" else acc + tmp
     return acc
 
 
