@@ -70,14 +70,15 @@ def record_band(url: str, index: tuple[int, int], rows: tuple[int, int], **entry
 
 
 @pytest.mark.parametrize(
-    ("name", "expected"),
+    ("index", "start", "expected"),
     [
-        (journal.entry_name((0, 0)), "journal/tile-0-0.json"),
-        (journal.entry_name((3, 12)), "journal/tile-3-12.json"),  # row first, then column
-        (journal.band_entry_name((3, 12), 256), "journal/band-3-12-256.json"),
+        ((0, 0), None, "journal/tile-0-0.json"),
+        ((3, 12), None, "journal/tile-3-12.json"),  # row first, then column
+        ((3, 12), 256, "journal/band-3-12-256.json"),  # and the band's first row of OUT
     ],
 )
-def test_entry_names(name: str, expected: str) -> None:
+def test_entry_names(index: tuple[int, int], start: int | None, expected: str) -> None:
+    name = journal.entry_name(index) if start is None else journal.band_entry_name(index, start)
     assert name == expected
 
 
@@ -255,9 +256,11 @@ def entries(folder: Path) -> list[str]:
 )
 def test_forget_removes_the_named_tiles_entries_and_bands_only(tmp_path: Path, name: str) -> None:
     folder = tmp_path / name
-    for entry in ("tile-1-0", "band-1-0-4", "band-1-0-6", "tile-0-1", "band-0-1-0", "band-0-0-0",
-                  "band-11-0-0"):  # fmt: skip
-        record(str(folder), f"journal/{entry}.json", fingerprint=FP)
+    for index in ((1, 0), (0, 1)):
+        record(str(folder), journal.entry_name(index), fingerprint=FP)
+    for index, rows in (((1, 0), (4, 6)), ((1, 0), (6, 8)), ((0, 1), (0, 2)), ((0, 0), (0, 2)),
+                        ((11, 0), (0, 2))):  # fmt: skip
+        record_band(str(folder), index, rows, fingerprint=FP)
     journal.forget(f"{folder}/", {}, {(1, 0), (1, 1)})  # (1, 1) has no entry: nothing to do
     assert entries(folder) == ["band-0-0-0.json", "band-0-1-0.json", "band-11-0-0.json",
                                "tile-0-1.json"]  # fmt: skip
