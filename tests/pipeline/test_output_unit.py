@@ -425,6 +425,17 @@ def test_writable_handle(tmp_path: Path) -> None:
     assert (values[:2, :3] == 5).all() and np.isnan(values[2:]).all()
 
 
+def test_writable_handles_are_per_job(tmp_path: Path) -> None:
+    """OUT replaced between two jobs (--overwrite on a long-lived cluster): the second job's
+    handle sees the new array, not the first job's cached one."""
+    out = ours(tmp_path)
+    assert out.writable("job-1").shape == (4, 6)
+    out.remove_ours()
+    out.create((3, 3), (3, 3), "int32", {})
+    again = out.writable("job-2")
+    assert (again.shape, again.dtype) == ((3, 3), np.dtype("int32"))
+
+
 def test_repr_hides_secrets() -> None:
     shown = repr(Output("s3://b/out", {"secret": "hunter2", "key": "id"}))
     assert "hunter2" not in shown and "s3://b/out" in shown
