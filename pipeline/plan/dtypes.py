@@ -85,18 +85,21 @@ def _int_range(dtype: str) -> tuple[int, int]:
     return int(info.min), int(info.max)
 
 
-def _check_kind(a_dtype: str, b_dtype: str, out: str) -> None:
+def _check_kind(a_dtype: str, b_dtype: str, out: str, into_c: bool = False) -> None:
+    """OUT (``into_c``: an existing C, whose dtype --accumulate keeps) must hold the product's
+    kind: a complex product stays complex, a float one never becomes integer."""
     kinds = {np.dtype(a_dtype).kind, np.dtype(b_dtype).kind}
     kind = np.dtype(out).kind
+    what = f"C ({out})" if into_c else f"--dtype {out}"
     if "c" in kinds and kind != "c":
+        fix = "accumulate into a complex C" if into_c else "choose complex64 or complex128"
         raise UsageError(
-            f"--dtype {out} would drop the imaginary part of a {a_dtype} @ {b_dtype} product; "
-            "choose complex64 or complex128"
+            f"{what} would drop the imaginary part of a {a_dtype} @ {b_dtype} product; {fix}"
         )
     if "f" in kinds and kind in "biu":
+        fix = "accumulate into a float C" if into_c else "choose a float dtype (float32 or float64)"
         raise UsageError(
-            f"--dtype {out} would truncate a {a_dtype} @ {b_dtype} product to integers; "
-            "choose a float dtype (float32 or float64)"
+            f"{what} would truncate a {a_dtype} @ {b_dtype} product to integers; {fix}"
         )
 
 
@@ -149,7 +152,7 @@ def check_accumulation(
     integral α and β, and α·(the product's worst case) must fit it, as the plain product's
     guard (no data read). C's own values are unknown before they are read: each task checks
     α·P + β·C_old against C's range before writing (pipeline/run/accumulate.py)."""
-    _check_kind(a_dtype, b_dtype, c_dtype)
+    _check_kind(a_dtype, b_dtype, c_dtype, into_c=True)
     if np.dtype(c_dtype).kind not in "biu":
         return
     for name, x in (("--alpha", alpha), ("--beta", beta)):

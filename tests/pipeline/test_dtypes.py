@@ -261,10 +261,11 @@ def test_accumulation_accepted(a: str, b: str, k: int, c: str, alpha: float, bet
 @pytest.mark.parametrize(
     ("a", "b", "k", "c", "alpha", "beta", "error", "message"),
     [
-        ("float32", "float32", 10, "int32", 1, 0, UsageError, "--dtype int32 would truncate a "
-         "float32 @ float32 product to integers; choose a float dtype (float32 or float64)"),
-        ("complex64", "float32", 10, "float64", 1, 0, UsageError, "--dtype float64 would drop "
-         "the imaginary part of a complex64 @ float32 product; choose complex64 or complex128"),
+        # C's dtype is kept (--dtype is refused with --accumulate): the fix is another C
+        ("float32", "float32", 10, "int32", 1, 0, UsageError, "C (int32) would truncate a "
+         "float32 @ float32 product to integers; accumulate into a float C"),
+        ("complex64", "float32", 10, "float64", 1, 0, UsageError, "C (float64) would drop the "
+         "imaginary part of a complex64 @ float32 product; accumulate into a complex C"),
         ("int8", "int8", 10, "int32", 0.5, 1, UsageError, "--alpha 0.5 is not a whole number, "
          "and C is int32: an integer C takes a whole --alpha only (or accumulate into a float64 "
          "C)"),
