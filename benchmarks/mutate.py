@@ -39,6 +39,7 @@ TARGETS = {
         ["tests/pipeline/test_verify.py", "tests/pipeline/test_verify_strength.py"],
     ),
     "verify-tasks": ("pipeline/run/verify_tasks.py", ["tests/pipeline/test_verify_unit.py"]),
+    "verify-client": ("pipeline/verify.py", ["tests/pipeline/test_verify_unit.py"]),
     "planner": (
         "pipeline/plan/search.py",
         ["tests/pipeline/test_plan.py", "tests/pipeline/test_plan_unit.py"],

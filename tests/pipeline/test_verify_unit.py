@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import zarr
 
-from pipeline.errors import InputNotFoundError
+from pipeline import verify
+from pipeline.errors import InputError, InputNotFoundError, UnfinishedOutputError
 from pipeline.plan.spec import ArraySpec
 from pipeline.run import verify_tasks as tasks
 from pipeline.run.verify_tasks import CheckSpec
 from pipeline.store import inputs
+from pipeline.store.output import ATTRS_KEY, Output
 from tests.helpers import write_array
 
 STATED_TAU, STATED_SAFETY, STATED_MAD = 6.0, 4.0, 0.6745
@@ -559,3 +563,135 @@ def test_every_task_opens_its_arrays_with_the_jobs_options(
         ("a.zarr", "A"), ("b.zarr", "B"), ("c.zarr", "C"),
     }  # fmt: skip
     assert all(options == {"anon": True} for _, options, _ in opened)
+
+
+# --- pipeline/verify.py's client side without a cluster ------------------------------------
+
+
+def row_check(ratios: list[float], **fields: Any) -> tasks.RowCheck:
+    n = len(ratios)
+    values: dict[str, Any] = {
+        "ratios": np.array(ratios, dtype=float), "mismatched": np.zeros(n, dtype=bool),
+        "a_counts": np.zeros(n, dtype=np.int64), "unexpected": 0, "overflow": 0, "missing": 0,
+        "first_mismatch": None,
+    }  # fmt: skip
+    return tasks.RowCheck(**{**values, **fields})
+
+
+def test_summary_of_passing_and_failing_blocks() -> None:
+    outcomes = [
+        row_check([0.2, 0.9, 0.1]),
+        row_check([0.5, 1.5, 0.3]),  # fails: 1.5 > 1
+        row_check([1.0, 0.0]),  # exactly 1 passes
+    ]
+    rows = [(0, 3), (3, 6), (6, 8)]
+    got = verify._summarize(outcomes, rows, 3, 0.25, (2, 1))
+    assert got.passed is False and got.failing_row_blocks == ((3, 6),)
+    assert (got.worst_ratio, got.worst_row, got.rounds, got.noise) == (1.5, 4, 3, 0.25)
+    assert (got.b_nonfinite, got.b_nonfinite_columns) == (2, 1)
+    passing = verify._summarize([outcomes[0], outcomes[2]], [(0, 3), (6, 8)], 1, 0.0, (0, 0))
+    assert passing.passed and passing.failing_row_blocks == ()
+    assert (passing.worst_ratio, passing.worst_row) == (1.0, 6)  # the first of the ties
+
+
+def test_summary_of_non_finite_rows_and_patterns() -> None:
+    """Rows of A that are not finite and rows whose pattern differs are not checked by their
+    ratio; a mismatched pattern fails its block; a NaN ratio fails and is the worst."""
+    a_bad = row_check([7.0, 0.5], a_counts=np.array([2, 0]))
+    pattern = row_check([0.0, 0.4], mismatched=np.array([True, False]), unexpected=1,
+                        overflow=1, first_mismatch=(2, 5))  # fmt: skip
+    missing = row_check([0.1, 0.2], missing=3, first_mismatch=(4, 1), a_counts=np.array([0, 1]))
+    got = verify._summarize([a_bad, pattern, missing], [(0, 2), (2, 4), (4, 6)], 2, 0.0, (0, 0))
+    assert got.failing_row_blocks == ((0, 2), (2, 4))  # 7.0 in a bad row of A still counts
+    assert (got.worst_ratio, got.worst_row) == (0.5, 1)  # not the unchecked 7.0
+    assert (got.a_nonfinite, got.a_nonfinite_rows) == (3, 2)
+    assert (got.c_unexpected, got.c_overflow, got.c_missing) == (1, 1, 3)
+    assert got.first_mismatch == (2, 5)
+    assert not got.pattern_matches and not got.finite_inputs
+    nan = verify._summarize([row_check([0.3, float("nan")])], [(0, 2)], 1, 0.0, (0, 0))
+    assert not nan.passed and nan.worst_row == 1 and np.isnan(nan.worst_ratio)
+    none = verify._summarize([row_check([0.0], a_counts=np.array([1]))], [(0, 1)], 1, 0.0, (0, 0))
+    assert (none.worst_ratio, none.worst_row) == (0.0, -1)  # no row checked
+
+
+def test_result_properties() -> None:
+    clean = verify.VerifyResult(True, 2, 0.1, 0, ())
+    assert clean.pattern_matches and clean.finite_inputs
+    assert not dataclasses.replace(clean, c_missing=1).pattern_matches
+    assert not dataclasses.replace(clean, b_nonfinite=1).finite_inputs
+    assert not dataclasses.replace(clean, a_nonfinite=1).finite_inputs
+
+
+@pytest.mark.parametrize(("m", "chunk"), [(100, 10), (100, 30), (7, 10), (3, 2), (40, 3)])
+def test_sampled_rows(m: int, chunk: int) -> None:
+    """SAMPLE_ROWS consecutive rows (fewer where a block is shorter) from each of
+    SAMPLE_BLOCKS distinct row blocks (all of them when fewer), in order."""
+    assert (verify.SAMPLE_BLOCKS, verify.SAMPLE_ROWS) == (4, 4)
+    for seed in range(5):
+        got = verify._sample_rows(np.random.default_rng(seed), m, chunk)
+        blocks = [r0 // chunk for r0, _ in got]
+        assert len(got) == min(4, -(-m // chunk)) and blocks == sorted(set(blocks))
+        for r0, r1 in got:
+            start, stop = r0 // chunk * chunk, min(r0 // chunk * chunk + chunk, m)
+            assert start <= r0 < r1 <= stop and r1 - r0 == min(4, stop - start)
+    spread = {verify._sample_rows(np.random.default_rng(s), 100, 10)[0] for s in range(30)}
+    assert len(spread) > 3  # random blocks and offsets, not always the first rows
+
+
+def test_shapes_that_are_no_product_are_refused(tmp_path: Path) -> None:
+    a, b = matrices(4, 5, 6, "float32")
+    urls = [write_array(tmp_path / f"{n}.zarr", x, (2, 2)) for n, x in (("a", a), ("b", b))]
+    c_url = write_array(tmp_path / "c.zarr", np.zeros((4, 7), "float32"), (2, 2))
+    want = "shapes do not match: A 4x5, B 5x6, C 4x7; C must be 4x6"
+    with pytest.raises(InputError, match=f"^{re.escape(want)}$"):
+        verify.check_shapes(*urls, c_url, None)
+    stored = [write_array(tmp_path / f"{n}t.zarr", np.ascontiguousarray(x.T), (2, 2))
+              for n, x in (("a", a), ("b", b))]  # fmt: skip
+    want_t = "shapes do not match: Aᵀ 4x5, Bᵀ 5x6, C 4x7; C must be 4x6"
+    with pytest.raises(InputError, match=f"^{re.escape(want_t)}$"):
+        verify.check_shapes(*stored, c_url, None, (True, True))
+    good = write_array(tmp_path / "good.zarr", np.zeros((4, 6), "float32"), (2, 3))
+    specs, transposed, symmetric = verify.check_operation(*urls, good, {})
+    assert [s.shape for s in specs] == [(4, 5), (5, 6), (4, 6)]
+    assert (transposed, symmetric) == ((False, False), False)
+
+
+def test_what_c_records(tmp_path: Path) -> None:
+    """α and the precision default to what C's attributes record; an unfinished C of ours
+    is refused with the command that finishes it."""
+    a, b = matrices(4, 5, 6, "float32")
+    urls = [write_array(tmp_path / f"{n}.zarr", x, (2, 2)) for n, x in (("a", a), ("b", b))]
+    made = Output(str(tmp_path / "c.zarr"))
+    made.create((4, 6), (2, 3), "float32", {"alpha": 2.5, "precision": "tf32", "symmetric": True})
+    assert verify._recorded_alpha(made.url, {}) == 2.5
+    assert verify._recorded_precision(made.url, {}) == "tf32"
+    assert verify.check_operation(*urls, made.url, {})[2] is True
+    plain = write_array(tmp_path / "plain.zarr", np.zeros((4, 6), "float32"), (2, 3))
+    assert verify._recorded_alpha(plain, {}) == 1.0
+    assert verify._recorded_precision(plain, {}) == "fp32"
+    zarr.open_array(plain, mode="r+").attrs[ATTRS_KEY] = "not ours"
+    assert (verify._recorded_alpha(plain, {}), verify._recorded_precision(plain, {})) == (
+        1.0,
+        "fp32",
+    )
+    odd = Output(str(tmp_path / "odd.zarr"))
+    odd.create((4, 6), (2, 3), "float32", {"precision": "bf16"})
+    want = (
+        "C records precision 'bf16', not one of fp32, tf32, 3xtf32; pass --precision to say "
+        "which it was computed at"
+    )
+    with pytest.raises(InputError, match=f"^{re.escape(want)}$"):
+        verify._recorded_precision(odd.url, {})
+    unfinished = Output(str(tmp_path / "u.zarr"))
+    unfinished.create((4, 6), (2, 3), "float32", {"complete": False})
+    want = (
+        f"C ({unfinished.url}) is a product `multiply` has not finished writing (its "
+        f"{ATTRS_KEY}.complete attribute is false), so its unwritten tiles would be reported as "
+        f"wrong; finish it with `python -m pipeline multiply {urls[0]} {urls[1]} "
+        f"{unfinished.url} --resume`, then verify"
+    )
+    with pytest.raises(UnfinishedOutputError, match=f"^{re.escape(want)}$"):
+        verify.check_operation(*urls, unfinished.url, {})
+    finished = Output(str(tmp_path / "f.zarr"))
+    finished.create((4, 6), (2, 3), "float32", {"complete": True})
+    verify.check_operation(*urls, finished.url, {})
