@@ -392,20 +392,26 @@ def test_a_device_plan_gets_the_backends_rate(monkeypatch: pytest.MonkeyPatch) -
     assert seen.calls[2][0][1] == device and seen.calls[2][0][2] == 1.0  # no fraction: 1
 
 
-def test_the_fastest_fitting_plan_is_chosen() -> None:
+@pytest.mark.parametrize("budget", [300 * MiB, 2 * GiB])
+def test_the_fastest_fitting_plan_is_chosen(budget: int) -> None:
     """Against every candidate planned on its own: the least modelled time, then the fewest
-    bytes read, among those that fit."""
+    bytes read, among those that fit. At 300 MiB the 4th candidate (500x3000 tiles) does not
+    fit and the best is the 6th: a candidate that does not fit is skipped, not the end."""
     a, b = spec((3000, 2000), (250, 500)), spec((2000, 3000), (500, 250))
-    budget = 2 * GiB
     chosen = plan(a, b, memory_limit_bytes=budget)
     block = search.gemm_block(chosen.out)
-    scores = []
+    scores, skipped = [], []
     for shape in search._tile_candidates(chosen.out, block):
-        each = plan(a, b, memory_limit_bytes=budget, tile_shape=shape)
-        if each.worker_bytes + memory.WORKER_OVERHEAD_BYTES <= budget:
-            scores.append(((each.estimated_seconds, each.read_bytes), shape))
+        try:
+            each = plan(a, b, memory_limit_bytes=budget, tile_shape=shape)
+        except MemoryBudgetError:
+            skipped.append(shape)
+            continue
+        scores.append(((each.estimated_seconds, each.read_bytes), shape))
     assert len(scores) > 3
     assert chosen.tile_shape == min(scores)[1]
+    if budget == 300 * MiB:
+        assert skipped[0] == (500, 3000) and chosen.tile_shape == (1000, 1000)
 
 
 def test_a_gram_products_tiles_are_square() -> None:
@@ -448,7 +454,8 @@ def test_distinct_multiples_of_long_axes() -> None:
     assert search.MAX_AXIS_CANDIDATES == 48 and search.EXACT_AXIS_CHUNKS == 2**24
     every = search._distinct_multiples(600)  # about 2·√600 distinct tile counts: capped
     assert len(every) == 48 and every[0] == 1 and every[-1] == 600
-    assert search._distinct_multiples(2400)[:3] == [1, 2, 3]
+    many = search._distinct_multiples(2400)  # 97 distinct counts: 33 geometric picks
+    assert (len(many), many[:3], many[-3:]) == (33, [1, 2, 3], [127, 240, 2400])
     huge = search._distinct_multiples(2**30)
     assert 10 < len(huge) <= 48 and huge[0] == 1 and huge[-1] == 2**30
     tiles = {-(-(2**30) // q) for q in huge}
@@ -478,6 +485,19 @@ def test_gemm_block(
     shape: tuple[int, int], chunks: tuple[int, int], least: int, block: tuple[int, int]
 ) -> None:
     assert search.gemm_block(spec(shape, chunks), least) == block
+
+
+@pytest.mark.parametrize(
+    ("k", "a_chunk", "b_chunk", "target", "width"),
+    [
+        (1000, 300, 100, 200, 300),  # a target below A's chunk: A's chunk whole
+        (1000, 100, 300, 200, 300),  # below B's
+        (10, 1, 1, 5, 5),  # chunks of one element: any width
+        (10, 0, 0, 5, 5),
+    ],
+)
+def test_k_panel_width(k: int, a_chunk: int, b_chunk: int, target: int, width: int) -> None:
+    assert search.plan_k_panels(k, a_chunk, b_chunk, target).width == width
 
 
 def test_k_panels_reach_k() -> None:
