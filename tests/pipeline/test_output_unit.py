@@ -204,6 +204,14 @@ def test_claim_of_an_existing_out_needs_a_flag(tmp_path: Path) -> None:
             assert state == seen
 
 
+def test_check_flags() -> None:
+    out = Output("somewhere.zarr")
+    with pytest.raises(OutputExistsError, match=r"^OUT \(somewhere.zarr\) already exists; pass"):
+        out._check_flags(overwrite=False, resume=False)
+    out._check_flags(overwrite=True, resume=False)
+    out._check_flags(overwrite=False, resume=True)
+
+
 @pytest.mark.parametrize(("resume", "flag"), [(True, "--resume"), (False, "--overwrite")])
 def test_claim_refuses_foreign_files_in_our_array(tmp_path: Path, resume: bool, flag: str) -> None:
     out = ours(tmp_path)
@@ -524,17 +532,27 @@ def test_every_operation_passes_the_storage_options(tmp_path: Path) -> None:
         out.remove_ours()
         store = TokenFileSystem(token="secret")
         assert store.find(tmp_path.name) == []
+        group = zarr.open_group(f"{root}/g", mode="w", zarr_format=2, storage_options=options)
+        zarr.consolidate_metadata(group.store)
+        in_group = Output(f"{root}/g/c", options)
+        assert in_group.zarr_format() == 2  # found the v2 group, with the credential
+        in_group.create((4, 6), (2, 3), "float32", {"fingerprint": "f0"}, zarr_format=2)
+        assert in_group.refresh_consolidated() == [f"{root}/g"]
+        assert in_group.finished_tiles(small_plan(), "f0", {"fingerprint": "f0"}) == set()
     finally:
         with contextlib.suppress(FileNotFoundError):
             TokenFileSystem(token="secret").rm(tmp_path.name, recursive=True)
 
 
-def test_finished_tiles_of_a_fresh_out(tmp_path: Path) -> None:
-    """A matching fingerprint and no journal: nothing to skip."""
+def small_plan() -> Any:
+    """The plan of a 4x6 OUT in 2x3 chunks (as ``ours`` creates)."""
     from pipeline.plan import plan_matmul
 
-    a = ArraySpec((4, 5), (2, 5), "float32")
-    plan = plan_matmul(a, ArraySpec((5, 6), (5, 3), "float32"), workers=1,
-                       threads_per_worker=1, memory_limit_bytes=2**31)  # fmt: skip
+    a, b = ArraySpec((4, 5), (2, 5), "float32"), ArraySpec((5, 6), (5, 3), "float32")
+    return plan_matmul(a, b, workers=1, threads_per_worker=1, memory_limit_bytes=2**31)
+
+
+def test_finished_tiles_of_a_fresh_out(tmp_path: Path) -> None:
+    """A matching fingerprint and no journal: nothing to skip."""
     out = ours(tmp_path)
-    assert out.finished_tiles(plan, "f0", {"fingerprint": "f0"}) == set()
+    assert out.finished_tiles(small_plan(), "f0", {"fingerprint": "f0"}) == set()
