@@ -5,24 +5,27 @@ computed here from the formula (not from the code). Fast enough to mutation-test
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import re
 from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import pytest
 import zarr
 
 from pipeline import verify
-from pipeline.errors import InputError, InputNotFoundError, UnfinishedOutputError
+from pipeline.errors import InputError, InputNotFoundError, UnfinishedOutputError, UsageError
 from pipeline.plan.spec import ArraySpec
 from pipeline.run import verify_tasks as tasks
 from pipeline.run.verify_tasks import CheckSpec
 from pipeline.store import inputs
 from pipeline.store.output import ATTRS_KEY, Output
 from tests.helpers import write_array
+from tests.pipeline.test_output_unit import TokenFileSystem
 
 STATED_TAU, STATED_SAFETY, STATED_MAD = 6.0, 4.0, 0.6745
 """The constants pipeline/verify.py's docstring and verify_tasks.py state, written out here
@@ -695,3 +698,95 @@ def test_what_c_records(tmp_path: Path) -> None:
     finished = Output(str(tmp_path / "f.zarr"))
     finished.create((4, 6), (2, 3), "float32", {"complete": True})
     verify.check_operation(*urls, finished.url, {})
+
+
+def test_what_c_records_by_default(tmp_path: Path) -> None:
+    """Our C without α or a precision recorded (before those options): 1 and fp32."""
+    made = Output(str(tmp_path / "c.zarr"))
+    made.create((2, 2), (2, 2), "float32", {"fingerprint": "f0"})
+    assert verify._recorded_alpha(made.url, {}) == 1.0
+    assert verify._recorded_precision(made.url, {}) == "fp32"
+
+
+def test_the_worst_row_is_the_first_of_equals() -> None:
+    got = verify._summarize(
+        [row_check([0.1, 0.5]), row_check([0.5, 0.2])], [(0, 2), (2, 4)], 1, 0.0, (0, 0)
+    )
+    assert (got.worst_ratio, got.worst_row) == (0.5, 1)
+
+
+@pytest.mark.parametrize(
+    ("transposed", "want"),
+    [
+        ((True, False), "shapes do not match: Aᵀ 4x5, B 5x6, C 4x7; C must be 4x6"),
+        ((False, True), "shapes do not match: A 4x5, Bᵀ 5x6, C 4x7; C must be 4x6"),
+    ],
+)
+def test_shape_refusals_name_each_transpose(
+    tmp_path: Path, transposed: tuple[bool, bool], want: str
+) -> None:
+    a, b = matrices(4, 5, 6, "float32")
+    stored = [
+        np.ascontiguousarray(x.T) if t else x for x, t in zip((a, b), transposed, strict=True)
+    ]
+    urls = [
+        write_array(tmp_path / f"{n}.zarr", x, (2, 2)) for n, x in zip("ab", stored, strict=True)
+    ]
+    c_url = write_array(tmp_path / "c.zarr", np.zeros((4, 7), "float32"), (2, 2))
+    with pytest.raises(InputError, match=f"^{re.escape(want)}$"):
+        verify.check_shapes(*urls, c_url, {}, transposed)
+    good = write_array(tmp_path / "good.zarr", np.zeros((4, 6), "float32"), (2, 2))
+    specs = verify.check_shapes(*urls, good, {}, transposed)
+    assert [s.shape for s in specs] == [(4, 5), (5, 6), (4, 6)]
+
+
+def test_a_transpose_that_c_does_not_record_is_refused(tmp_path: Path) -> None:
+    a, b = matrices(4, 4, 4, "float32")
+    urls = [
+        write_array(tmp_path / f"{n}.zarr", x, (2, 2)) for n, x in zip("ab", (a, b), strict=True)
+    ]
+    made = Output(str(tmp_path / "c.zarr"))
+    made.create((4, 4), (2, 2), "float32", {"fingerprint": "f0"})
+    with pytest.raises(UsageError, match=rf"^C \({re.escape(made.url)}\) records the product"):
+        verify.check_operation(*urls, made.url, {}, (True, None))
+
+
+@pytest.mark.parametrize("name", ["A", "B", "C"])
+def test_each_operand_is_named(tmp_path: Path, name: str) -> None:
+    """A missing or 1-D operand is named in the refusal (by check_operation, and C also by
+    what verify reads from its attributes)."""
+    a, b = matrices(4, 4, 4, "float32")
+    urls = {
+        n: write_array(tmp_path / f"{n}.zarr", x, (2, 2))
+        for n, x in zip("ABC", (a, b, a @ b), strict=True)
+    }
+    missing = {**urls, name: str(tmp_path / "gone")}
+    with pytest.raises(InputNotFoundError, match=rf"^{name} \("):
+        verify.check_operation(missing["A"], missing["B"], missing["C"], {})
+    flat = {**urls, name: write_array(tmp_path / "flat.zarr", np.ones(4), (2,))}  # type: ignore[arg-type]
+    with pytest.raises(InputError, match=rf"^{name} has 1 dimension\(s\) \(4,\)"):
+        verify.check_operation(flat["A"], flat["B"], flat["C"], {})
+    if name == "C":
+        for read in (verify._recorded_alpha, verify._recorded_precision):
+            with pytest.raises(InputNotFoundError, match=r"^C \("):
+                read(missing["C"], {})
+
+
+def test_the_client_side_reads_with_the_storage_options(tmp_path: Path) -> None:
+    """A, B and C on an object store that needs its options (a credential)."""
+    fsspec.register_implementation("tokenfs", TokenFileSystem, clobber=True)
+    root, options = f"tokenfs://v-{tmp_path.name}", {"token": "secret"}
+    a, b = matrices(4, 5, 6, "float32")
+    urls = []
+    for name, x in (("a", a), ("b", b)):
+        zarr.create_array(f"{root}/{name}", data=x, chunks=(2, 2), storage_options=options)
+        urls.append(f"{root}/{name}")
+    made = Output(f"{root}/c", options)
+    made.create((4, 6), (2, 3), "float32", {"alpha": 3.0, "precision": "3xtf32"})
+    try:
+        assert [s.shape for s in verify.check_shapes(*urls, made.url, options)][2] == (4, 6)
+        assert verify._recorded_alpha(made.url, options) == 3.0
+        assert verify._recorded_precision(made.url, options) == "3xtf32"
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            TokenFileSystem(token="secret").rm(f"v-{tmp_path.name}", recursive=True)
