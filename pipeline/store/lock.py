@@ -36,9 +36,9 @@ log = logging.getLogger("pipeline")
 LOCK_NAME = "lock.json"
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 """flock's errors on file systems without locks (some FUSE and parallel file systems)."""
-NAMING_SECONDS = 0.2
+NAMING_SECONDS = 1.0
 """How long a refused job waits for the lock's new holder to write its name, in seconds (it
-writes it microseconds after taking the lock)."""
+writes it microseconds after taking the lock, unless the machine stalls it)."""
 
 
 @dataclass

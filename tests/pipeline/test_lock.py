@@ -259,14 +259,17 @@ def test_jobs_racing_on_a_store_without_conditional_writes(tmp_path: Path) -> No
             for _ in range(3)
         ]  # fmt: skip
         said = [p.communicate(timeout=60)[0].strip() for p in procs]
-        winner = [p.pid for p, s in zip(procs, said, strict=True) if s == "holding"]
-        assert len(winner) == 1, said
-        # The losers read back the winner's token: their refusal names it, not "pid None".
-        names = (
-            f"refused UnsafeOutputError OUT (racy://{out}) is being written by another job "
-            f"(pid {winner[0]} on {socket.gethostname()} since "
-        )
-        assert sorted(s.startswith(names) for s in said) == [False, True, True], said
+        assert sorted(s.split(" OUT ")[0] for s in said) == [
+            "holding",
+            "refused UnsafeOutputError",
+            "refused UnsafeOutputError",
+        ], said
+        # Each refusal names a racer whose lock it read (the winner's, unless a write landed
+        # late on a loaded machine), never "pid None" nor a mangled URL.
+        words = f"OUT (racy://{out}) is being written by another job (pid "
+        pids = [f"{words}{p.pid} on {socket.gethostname()} since " for p in procs]
+        for s in said:
+            assert s == "holding" or any(pid in s for pid in pids), said
         assert not (out / "lock.json").exists(), "the winner released it"
 
 

@@ -183,7 +183,10 @@ def test_second_local_taker_is_refused_naming_the_holder(
         "{torn",
     ],
 )
-def test_local_lock_held_with_unreadable_contents_is_still_refused(out: Path, content: str) -> None:
+def test_local_lock_held_with_unreadable_contents_is_still_refused(
+    out: Path, content: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(lock, "NAMING_SECONDS", 0.05)  # no name is coming: don't wait long
     (out / "lock.json").write_text(content)
     fd = os.open(out / "lock.json", os.O_RDWR)
     fcntl.flock(fd, fcntl.LOCK_EX)
