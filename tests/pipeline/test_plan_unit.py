@@ -456,6 +456,8 @@ def test_distinct_multiples_of_long_axes() -> None:
     assert len(every) == 48 and every[0] == 1 and every[-1] == 600
     many = search._distinct_multiples(2400)  # 97 distinct counts: 33 geometric picks
     assert (len(many), many[:3], many[-3:]) == (33, [1, 2, 3], [127, 240, 2400])
+    edge = search._distinct_multiples(2**24)  # the last axis listed exactly: dense at the start
+    assert (len(edge), edge[:6], edge[-2:]) == (43, [1, 2, 3, 4, 5, 6], [11725, 2**24])
     huge = search._distinct_multiples(2**30)
     assert 10 < len(huge) <= 48 and huge[0] == 1 and huge[-1] == 2**30
     tiles = {-(-(2**30) // q) for q in huge}
