@@ -617,6 +617,10 @@ def test_summary_of_non_finite_rows_and_patterns() -> None:
     assert (none.worst_ratio, none.worst_row) == (0.0, -1)  # no row checked
 
 
+def test_itemsize() -> None:
+    assert verify._itemsize(ArraySpec((2, 2), (1, 1), "complex64")) == 8
+
+
 def test_result_properties() -> None:
     clean = verify.VerifyResult(True, 2, 0.1, 0, ())
     assert clean.pattern_matches and clean.finite_inputs
