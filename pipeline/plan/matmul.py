@@ -162,16 +162,17 @@ class MatmulPlan:
 
     @property
     def lower_bound_read_bytes(self) -> int:
-        """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per worker thread (its
-        share of the GPU's memory on a GPU plan, else of the worker's memory limit); for a Gram
-        product its flops (about half) over √S."""
+        """Smith et al.: 2·m·n·k/√S elements, S = fast-memory elements per busy worker thread
+        (its share of the GPU's memory on a GPU plan, else of the worker's memory limit: a plan
+        of fewer tasks than threads leaves each running task more); for a Gram product its
+        flops (about half) over √S."""
         item = max(np.dtype(self.a.dtype).itemsize, np.dtype(self.b.dtype).itemsize)
         fast = (
             self.device.memory_bytes
             if self.device
             else self.memory_limit_bytes - WORKER_OVERHEAD_BYTES
         )
-        per_thread = fast // self.threads_per_worker
+        per_thread = fast // max(self.busy_threads, 1)
         s = max(per_thread // np.dtype(self.compute_dtype).itemsize, 1)
         bound = int(self.flops / math.sqrt(s)) * item
         return max(bound, self.compulsory_read_bytes)

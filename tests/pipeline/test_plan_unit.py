@@ -508,3 +508,20 @@ def test_k_panels_reach_k() -> None:
     assert len(search.plan_k_panels(1000, 100, 100, 1000)) == 1
     assert len(search.plan_k_panels(-5, 100, 100, 1000)) == 0
     assert search.plan_k_panels(10, 0, 0, 4).width == 4  # chunks of 0 count as 1
+
+
+def test_the_lower_bound_of_a_plan_with_fewer_tasks_than_threads() -> None:
+    """One tile for 4 threads: the one running task has the whole memory, so the I/O lower
+    bound (Smith et al., per busy thread) is no more than the inputs read once, which this plan
+    reads. It once divided the memory by all 4 threads: 3,813,048 > 3,686,408 bytes, a
+    'lower bound' the plan beat (test_plan's hypothesis property found it at random)."""
+    a, b = spec((2049, 257), (256, 256)), spec((257, 1537), (256, 256))
+    got = plan(a, b, threads_per_worker=4, memory_limit_bytes=300 * MiB)
+    assert (got.n_tasks, got.busy_threads) == (1, 1)
+    assert got.read_bytes == got.compulsory_read_bytes == 3_686_408
+    assert got.read_bytes >= got.lower_bound_read_bytes
+    many = plan(a, b, threads_per_worker=4, memory_limit_bytes=300 * MiB, tile_shape=(256, 256))
+    assert many.busy_threads == 4  # all threads busy: each a quarter of the memory
+    fast = (300 * MiB - memory.WORKER_OVERHEAD_BYTES) // 4
+    want = int(2 * 2049 * 1537 * 257 / (fast // 4) ** 0.5) * 4
+    assert many.lower_bound_read_bytes == max(want, many.compulsory_read_bytes)
