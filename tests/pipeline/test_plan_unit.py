@@ -377,6 +377,15 @@ def test_no_split_holds_no_partials(monkeypatch: pytest.MonkeyPatch) -> None:
     assert task.calls[0][1]["chunks"][2] == (128, 512)
 
 
+def test_the_backends_smallest_gemm_block() -> None:
+    """The CPU backend merges chunks into blocks of at least 256 (BLAS's fixed sum order);
+    our CUDA kernels sum in K order at any block, so whole chunks do."""
+    a, b = spec((1000, 1000), (100, 100)), spec((1000, 1000), (100, 100))
+    assert plan(a, b).block_shape == (300, 300)
+    gpu = plan(a, b, backend="cuda", device=DEVICE_CLASSES["h100-pcie"])
+    assert gpu.block_shape == (100, 100)
+
+
 def test_a_device_plan_gets_the_backends_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Class defaults are peaks (the backend reaches its flops_fraction of them); calibrated
     and emulated figures are the backend's own."""
