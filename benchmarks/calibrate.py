@@ -77,6 +77,11 @@ def fit(samples: list[Sample]) -> ChunkCost:
     return ChunkCost(per_chunk=float(coef[0]), per_byte=float(coef[1]))
 
 
+def _read_all(array: Any, index: list[tuple[int, int]]) -> None:
+    for _ in chunk_read._chunks(array, index, len(index)):
+        pass
+
+
 def input_samples(root: Path, repeats: int) -> tuple[list[Sample], list[Sample]]:
     reads, decodes = [], []
     for c in SIZES:
@@ -84,9 +89,10 @@ def input_samples(root: Path, repeats: int) -> tuple[list[Sample], list[Sample]]
         write_random(url, (SIDE, SIDE), (c, c), "float32", c)
         array = open_input(url)
         index = [(i, j) for i in range(SIDE // c) for j in range(SIDE // c)]
-        frames = chunk_read._stored(array, index)  # warm the page cache, as a job's reread
+        # warm the page cache, as a job's reread; copies: the reader reuses its buffer
+        frames = [bytes(data) for _, data in chunk_read._chunks(array, index, len(index))]
         chunk = c * c * 4
-        read = best_seconds(lambda a=array, i=index: chunk_read._stored(a, i), repeats)
+        read = best_seconds(lambda a=array, i=index: _read_all(a, i), repeats)
 
         def decode(frames: list[Any] = frames, chunk: int = chunk) -> None:
             for frame in frames:
@@ -254,10 +260,13 @@ def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
 
 def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[str, float]]:
     """The one-thread figures scaled to what whole jobs take: each of JOBS runs as the CLI
-    (least of ``repeats``) and its workers' CPU seconds (its ``time:`` line: user + system,
-    every thread) are set against the plan's modelled thread-seconds, the group bounding it
-    scaled to match (a few rounds: the bound may move). On 2 cores a job's threads share the
-    cores, the memory bus and fresh pages, which one thread alone does not see."""
+    (least of ``repeats``) and the CPU-seconds its ``time:`` line gives the group bounding it
+    (by kind, as benchmarks.model_check groups them, with the job's system and other seconds
+    shared out in proportion, so the groups sum to user + system) are set against the plan's
+    modelled thread-seconds of that group, which is scaled to match (a few rounds: the bound
+    may move). On 2 cores a job's threads share the cores, the memory bus and fresh pages,
+    which one thread alone does not see. (Charging a job's whole CPU less the model's other
+    groups to its bound put the decode job's start-up and event loop into decode: x3.)"""
     import pipeline.plan.matmul as matmul
     from pipeline import prepare
 
@@ -267,7 +276,8 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
         write_random(a, a_shape, a_chunks, "float32", 1, overwrite=True)
         write_random(b, b_shape, b_chunks, "float32", 2, overwrite=True)
         argv = [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite"]
-        runs.append((group, a, b, out, min(workers_cpu(argv) for _ in range(repeats))))
+        spent = min((workers_cpu(argv) for _ in range(repeats)), key=lambda x: sum(x.values()))
+        runs.append((group, a, b, out, spent))
     factors = dict.fromkeys(("product", "decode", "write"), 1.0)
     for _ in range(4):
         for group, a, b, out, cpu in runs:
@@ -275,21 +285,28 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
             plan = prepare(a, b, out, overwrite=True).plan
             model = grouped(dict(matmul.cpu_resource_seconds(plan)))
             bound = max(model, key=lambda k: model[k])
-            rest = sum(v for k, v in model.items() if k != bound) * plan.workers
-            factor = max(cpu - rest, 1e-3) / max(model[bound] * plan.workers, 1e-3)
+            factor = max(cpu[bound], 1e-3) / max(model[bound] * plan.workers, 1e-3)
             costs = scaled(costs, bound, factor)
             factors[bound] *= factor
-            print(f"  {group} job: {cpu:.2f} CPU s, bound by {bound}: x{factor:.2f}")
+            print(f"  {group} job: {sum(cpu.values()):.2f} CPU s, {bound} {cpu[bound]:.2f}: "
+                  f"x{factor:.2f}")  # fmt: skip
     return costs, factors
 
 
-def workers_cpu(argv: list[str]) -> float:
-    """The workers' CPU seconds (user + system) of one CLI run, from its ``time:`` line."""
+def workers_cpu(argv: list[str]) -> dict[str, float]:
+    """One CLI run's workers' CPU-seconds per resource group (product; decode and our copies;
+    our write side and zarr's threads), its system and other seconds shared out in proportion:
+    they sum to its user + system."""
+    from benchmarks.model_check import CPU_KINDS
+
     done = subprocess.run(argv, check=True, capture_output=True, text=True)
-    found = re.search(r"user ([0-9.]+) s, system ([0-9.]+) s", done.stdout + done.stderr)
+    found = re.search(r"CPU-seconds by kind: (.*)", done.stdout + done.stderr)
     if found is None:
-        raise RuntimeError(f"no workers' CPU line in: {done.stdout[-500:]}")
-    return float(found.group(1)) + float(found.group(2))
+        raise RuntimeError(f"no CPU-seconds by kind in: {done.stdout[-500:]}")
+    kinds = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", found.group(1))}
+    groups = {g: sum(kinds.get(k, 0.0) for k in names) for g, names in CPU_KINDS.items()}
+    total, counted = sum(kinds.values()), max(sum(groups.values()), 1e-9)
+    return {g: v * total / counted for g, v in groups.items()}
 
 
 def machine() -> str:
