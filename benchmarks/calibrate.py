@@ -260,13 +260,10 @@ def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
 
 def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[str, float]]:
     """The one-thread figures scaled to what whole jobs take: each of JOBS runs as the CLI
-    (least of ``repeats``) and the CPU-seconds its ``time:`` line gives the group bounding it
-    (by kind, as benchmarks.model_check groups them, with the job's system and other seconds
-    shared out in proportion, so the groups sum to user + system) are set against the plan's
-    modelled thread-seconds of that group, which is scaled to match (a few rounds: the bound
-    may move). On 2 cores a job's threads share the cores, the memory bus and fresh pages,
-    which one thread alone does not see. (Charging a job's whole CPU less the model's other
-    groups to its bound put the decode job's start-up and event loop into decode: x3.)"""
+    (least of ``repeats``) and its workers' CPU seconds (its ``time:`` line: user + system,
+    every thread) are set against the plan's modelled thread-seconds, the group bounding it
+    scaled to match (a few rounds: the bound may move). On 2 cores a job's threads share the
+    cores, the memory bus and fresh pages, which one thread alone does not see."""
     import pipeline.plan.matmul as matmul
     from pipeline import prepare
 
@@ -276,8 +273,7 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
         write_random(a, a_shape, a_chunks, "float32", 1, overwrite=True)
         write_random(b, b_shape, b_chunks, "float32", 2, overwrite=True)
         argv = [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite"]
-        spent = min((workers_cpu(argv) for _ in range(repeats)), key=lambda x: sum(x.values()))
-        runs.append((group, a, b, out, spent))
+        runs.append((group, a, b, out, min(workers_cpu(argv) for _ in range(repeats))))
     factors = dict.fromkeys(("product", "decode", "write"), 1.0)
     for _ in range(4):
         for group, a, b, out, cpu in runs:
@@ -285,28 +281,21 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
             plan = prepare(a, b, out, overwrite=True).plan
             model = grouped(dict(matmul.cpu_resource_seconds(plan)))
             bound = max(model, key=lambda k: model[k])
-            factor = max(cpu[bound], 1e-3) / max(model[bound] * plan.workers, 1e-3)
+            rest = sum(v for k, v in model.items() if k != bound) * plan.workers
+            factor = max(cpu - rest, 1e-3) / max(model[bound] * plan.workers, 1e-3)
             costs = scaled(costs, bound, factor)
             factors[bound] *= factor
-            print(f"  {group} job: {sum(cpu.values()):.2f} CPU s, {bound} {cpu[bound]:.2f}: "
-                  f"x{factor:.2f}")  # fmt: skip
+            print(f"  {group} job: {cpu:.2f} CPU s, bound by {bound}: x{factor:.2f}")
     return costs, factors
 
 
-def workers_cpu(argv: list[str]) -> dict[str, float]:
-    """One CLI run's workers' CPU-seconds per resource group (product; decode and our copies;
-    our write side and zarr's threads), its system and other seconds shared out in proportion:
-    they sum to its user + system."""
-    from benchmarks.model_check import CPU_KINDS
-
+def workers_cpu(argv: list[str]) -> float:
+    """The workers' CPU seconds (user + system) of one CLI run, from its ``time:`` line."""
     done = subprocess.run(argv, check=True, capture_output=True, text=True)
-    found = re.search(r"CPU-seconds by kind: (.*)", done.stdout + done.stderr)
+    found = re.search(r"user ([0-9.]+) s, system ([0-9.]+) s", done.stdout + done.stderr)
     if found is None:
-        raise RuntimeError(f"no CPU-seconds by kind in: {done.stdout[-500:]}")
-    kinds = {k: float(v) for k, v in re.findall(r"(\w+) ([0-9.]+)", found.group(1))}
-    groups = {g: sum(kinds.get(k, 0.0) for k in names) for g, names in CPU_KINDS.items()}
-    total, counted = sum(kinds.values()), max(sum(groups.values()), 1e-9)
-    return {g: v * total / counted for g, v in groups.items()}
+        raise RuntimeError(f"no workers' CPU line in: {done.stdout[-500:]}")
+    return float(found.group(1)) + float(found.group(2))
 
 
 def machine() -> str:
