@@ -114,6 +114,17 @@ def since(started: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
 
 
+def took_over(caplog: pytest.LogCaptureFixture, out: Path, held: Any, pid: int) -> None:
+    """The stale lock of ``pid`` (started at 1e9) was taken over with the one log line, and
+    OUT's lock.json is now ``held``'s; released."""
+    assert caplog.messages == [
+        f"OUT had a stale lock from a job that is gone (pid {pid} on {HOST} since "
+        f"{since(1e9)}); taking it over"
+    ]
+    assert json.loads((out / "lock.json").read_text())["token"] == held.token
+    held.release()
+
+
 def busy(url: str, pid: object, host: object, started: float) -> str:
     """The refusal's words (as a regex) for a holder on this host."""
     return (
@@ -228,12 +239,7 @@ def test_stale_local_lock_is_taken_over_with_a_word_and_rewritten_whole(
     write_lock(out, pid=gone, host=HOST, started=1e9, process_started=1.0, note="x" * 500)
     with caplog.at_level(logging.INFO, logger="pipeline"):
         held = lock.acquire(str(out), {})
-    assert caplog.messages == [
-        f"OUT had a stale lock from a job that is gone (pid {gone} on {HOST} since "
-        f"{since(1e9)}); taking it over"
-    ]
-    assert json.loads((out / "lock.json").read_text())["token"] == held.token
-    held.release()
+    took_over(caplog, out, held, gone)
 
 
 def test_an_empty_lock_file_is_taken_without_a_word(
@@ -429,12 +435,7 @@ def test_object_store_lock_on_this_host_is_checked_by_its_pid(
         return
     with caplog.at_level(logging.INFO, logger="pipeline"):
         held = lock.acquire(keyed(out), dict(SECRET))
-    assert caplog.messages == [
-        f"OUT had a stale lock from a job that is gone (pid {pid} on {HOST} since "
-        f"{since(1e9)}); taking it over"
-    ]
-    assert json.loads((out / "lock.json").read_text())["token"] == held.token
-    held.release()
+    took_over(caplog, out, held, pid)
 
 
 def test_object_store_stale_lock_that_keeps_coming_back_gives_up_after_3_tries(
