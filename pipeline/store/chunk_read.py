@@ -5,9 +5,11 @@ per chunk here, where fetching the stored bytes costs 15 us and decoding a 16 Ki
 us (64x64 float32, 2-core Xeon). Small chunks spend most of their time there. This path fetches
 a batch of stored chunks in one round trip through the store, decodes each into exactly its own
 size (pipeline.store.chunk_sizes: the same bounds as every other read) and copies the part the
-block needs into the caller's buffer. A chunk wholly inside a block one chunk wide is decoded
-straight into the caller's buffer (its rows are contiguous there), which zarr cannot do (it
-decodes into its own buffer, then copies): such blocks of large chunks come this way too.
+block needs into the caller's buffer. From a local store each chunk is read into a reused
+buffer, and decoded through a reused one when it is copied (pipeline.store.scratch). A chunk
+wholly inside a block one chunk wide is decoded straight into the caller's buffer (its rows
+are contiguous there), which zarr cannot do (it decodes into its own buffer, then copies):
+such blocks of large chunks come this way too.
 Arrays it does not cover (sharded, filters, a transposing or big-endian layout, codecs other
 than one compressor) and blocks with an unstored chunk go through zarr as before.
 """
