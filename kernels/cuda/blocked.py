@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
-from kernels.cuda.blocked_source import generate_source
+from kernels.cuda.blocked_source import compiled, generate_source
 from kernels.cuda.blocked_spec import F32_SPEC, F64_SPEC, BlockedSpec  # noqa: F401 - re-exported
 from kernels.cuda.launch import LaunchConfig, blocked_launch
 
@@ -40,8 +40,4 @@ def _make_blocked_kernel(spec: BlockedSpec) -> Callable[..., None]:
     # The kernel must see `cuda` as a global: the simulator swaps it in the function's globals.
     namespace: dict[str, Any] = {"cuda": numba.cuda, "elem": getattr(numba, spec.dtype)}
     name = f"blocked_matmul_{spec.dtype}"
-    source = generate_source(spec, name)
-    exec(compile(source, f"<{name}>", "exec"), namespace)
-    kernel: Callable[..., None] = namespace[name]
-    kernel.__source__ = source  # type: ignore[attr-defined]
-    return kernel
+    return compiled(generate_source(spec, name), name, namespace)

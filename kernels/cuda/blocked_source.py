@@ -5,6 +5,7 @@ prefetch and the epilogue are written out here."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from kernels.cuda.blocked_spec import BlockedSpec
 
@@ -84,22 +85,13 @@ def generate_source(spec: BlockedSpec, name: str = "blocked_matmul") -> str:
     out += [f"    c{i}_{j} = {zero}" for i in range(len(rows)) for j in range(len(cols))]
     out += [f"    pa{e} = zero" for e in range(len(a_coords))]
     out += [f"    pb{e} = zero" for e in range(len(b_coords))]
-    out += [
-        f"    n_tiles = (k + {bk - 1}) // {bk}",
-        "    # Iterations whose next tile lies wholly inside A and B: the unchecked loop.",
-        f"    n_inner = k // {bk} - 1 if full and k >= {2 * bk} else 0",
-        "    if n_tiles > 0:",
-    ]
-    out += _prefetch(spec, "0", indent=8)
-    out += _store(spec, "0", indent=8)
-    out += [
-        "    # Tile 0 must be in shared memory before any thread multiplies it.",
-        "    cuda.syncthreads()",
-        "    for t in range(n_inner):",
-    ]
-    out += _tile_step(spec, ix, a_buf, b_buf, rows, cols, checked=False)
-    out += ["    for t in range(n_inner, n_tiles):"]
-    out += _tile_step(spec, ix, a_buf, b_buf, rows, cols, checked=True)
+    out += k_loop(
+        bk,
+        _prefetch(spec, "0", indent=8) + _store(spec, "0", indent=8),
+        "any thread multiplies it",
+        "t",
+        lambda checked: _tile_step(spec, ix, a_buf, b_buf, rows, cols, checked),
+    )
     out += _epilogue(spec, rows, cols, ix)
     return "\n".join(out) + "\n"
 
@@ -128,6 +120,31 @@ def _tile_step(
         lambda indent: _store(spec, "(1 - cur)", indent),
         "everyone",
     )
+
+
+def k_loop(
+    bk: int,
+    first_tile: list[str],
+    first_user: str,
+    var: str,
+    tile_step: Callable[[bool], list[str]],
+) -> list[str]:
+    """The kernel's K loop: tile 0 loaded (``first_tile``) and stored before the barrier, then
+    the unchecked iterations (the next tile wholly inside A and B) and the checked rest, each
+    ``tile_step(checked)`` with loop variable ``var``; ``first_user``: who reads tile 0."""
+    return [
+        f"    n_tiles = (k + {bk - 1}) // {bk}",
+        "    # Iterations whose next tile lies wholly inside A and B: the unchecked loop.",
+        f"    n_inner = k // {bk} - 1 if full and k >= {2 * bk} else 0",
+        "    if n_tiles > 0:",
+        *first_tile,
+        f"    # Tile 0 must be in shared memory before {first_user}.",
+        "    cuda.syncthreads()",
+        f"    for {var} in range(n_inner):",
+        *tile_step(False),
+        f"    for {var} in range(n_inner, n_tiles):",
+        *tile_step(True),
+    ]
 
 
 def pipelined_tile(
@@ -243,3 +260,12 @@ def _epilogue(spec: BlockedSpec, rows: list[int], cols: list[int], ix: _Index) -
                 f"                c[r0 + {r}, q0 + {q}] += c{i}_{j}",
             ]
     return lines
+
+
+def compiled(source: str, name: str, namespace: dict[str, Any]) -> Callable[..., None]:
+    """The function ``name`` defined by generated ``source``, run in ``namespace`` (its
+    globals), with the source kept on it as ``__source__`` (inspect and tests read it)."""
+    exec(compile(source, f"<{name}>", "exec"), namespace)
+    kernel: Callable[..., None] = namespace[name]
+    kernel.__source__ = source  # type: ignore[attr-defined]
+    return kernel

@@ -6,7 +6,7 @@ inline-PTX intrinsics of kernels.cuda.mma, or the simulator's emulation of them)
 from __future__ import annotations
 
 from kernels.cuda import mma_spec as ms
-from kernels.cuda.blocked_source import pipelined_tile, prefetch_lines
+from kernels.cuda.blocked_source import k_loop, pipelined_tile, prefetch_lines
 from kernels.cuda.mma_spec import MMA_K, MMA_M, MMA_N, RUN, WARP, MmaSpec
 
 
@@ -83,22 +83,13 @@ def generate_source(spec: MmaSpec, name: str = "mma_matmul") -> str:
     out += [f"    c{i}_{j}_{r} = zero" for i, j, r in _accumulators(spec)]
     out += [f"    pa{e} = zero" for e in range(spec.a_loads)]
     out += [f"    pb{e} = zero" for e in range(spec.b_loads)]
-    out += [
-        f"    n_tiles = (k + {bk - 1}) // {bk}",
-        "    # Iterations whose next tile lies wholly inside A and B: the unchecked loop.",
-        f"    n_inner = k // {bk} - 1 if full and k >= {2 * bk} else 0",
-        "    if n_tiles > 0:",
-    ]
-    out += _prefetch(spec, "0", indent=8)
-    out += _store(spec, "0", indent=8)
-    out += [
-        "    # Tile 0 must be in shared memory before any warp loads a fragment of it.",
-        "    cuda.syncthreads()",
-        "    for kt in range(n_inner):",
-    ]
-    out += _tile_step(spec, a_buf, b_buf, checked=False)
-    out += ["    for kt in range(n_inner, n_tiles):"]
-    out += _tile_step(spec, a_buf, b_buf, checked=True)
+    out += k_loop(
+        bk,
+        _prefetch(spec, "0", indent=8) + _store(spec, "0", indent=8),
+        "any warp loads a fragment of it",
+        "kt",
+        lambda checked: _tile_step(spec, a_buf, b_buf, checked),
+    )
     return "\n".join(out + _epilogue(spec)) + "\n"
 
 

@@ -49,6 +49,7 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+from kernels.cuda.blocked_source import compiled
 from kernels.cuda.launch import LaunchConfig, blocked_launch
 from kernels.cuda.mma_source import generate_source
 from kernels.cuda.mma_spec import TF32_SPEC, X3_SPEC, MmaSpec
@@ -84,8 +85,4 @@ def _make_mma_kernel(spec: MmaSpec, emulated: Any) -> Callable[..., None]:
         "mma": mma,
     }
     name = f"mma_matmul_{spec.precision}"
-    source = generate_source(spec, name)
-    exec(compile(source, f"<{name}>", "exec"), namespace)
-    kernel: Callable[..., None] = namespace[name]
-    kernel.__source__ = source  # type: ignore[attr-defined]
-    return kernel
+    return compiled(generate_source(spec, name), name, namespace)
