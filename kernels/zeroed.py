@@ -70,6 +70,13 @@ def _take(nbytes: int) -> mmap.mmap | None:
 
 
 def _give(mem: mmap.mmap) -> None:
-    with _lock:
+    # Called from __del__, which the garbage collector may run inside _take (an allocation
+    # there collects a cycle holding an array): waiting for the lock would then wait forever.
+    # A buffer not kept is simply freed.
+    if not _lock.acquire(blocking=False):
+        return
+    try:
         if len(_kept) < KEPT:
             _kept.append(mem)
+    finally:
+        _lock.release()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,6 +211,7 @@ def collect(
                 for future in done:
                     if future.status == "error":
                         client.cancel(list(pending))
+                        drain(client, [f.key for f in futures.values()], 2 * estimate + 30)
                         error = _job_error(future, len(futures))
                         if isinstance(error, DeviceFaultError):
                             restart_faulted(client, error)
@@ -222,6 +224,33 @@ def collect(
         line.close()
     stats.sort(key=lambda s: s.index)
     return RunStats(len(stats), sum(s.bytes_read for s in stats), tuple(stats))
+
+
+def drain(client: Client, keys: list[Any], timeout: float) -> None:
+    """Wait until no worker thread still runs one of ``keys``. Cancelling a future does not stop
+    a task already running: it would go on writing OUT after the job let go of its lock (and a
+    --resume, or another job, took it). Its tile is kept, journaled as usual."""
+    deadline = time.monotonic() + timeout
+    while running := _running(client, keys):
+        if time.monotonic() > deadline:
+            log.warning(
+                "%d tile task(s) still running on the workers after %.0f s; "
+                "wait for them before --resume",
+                running,
+                timeout,
+            )
+            return
+        time.sleep(0.1)
+
+
+def _running(client: Client, keys: list[Any]) -> int:
+    def active(keys: list[Any], dask_worker: Any) -> int:
+        return len(dask_worker.active_keys.intersection(keys))
+
+    try:
+        return sum(client.run(active, keys).values())
+    except Exception:  # a worker gone (or the cluster closing) runs nothing of ours
+        return 0
 
 
 def wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[Any]]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import threading
 
 import numpy as np
 import pytest
@@ -44,6 +45,25 @@ def test_a_live_view_keeps_its_memory() -> None:
     second = zeroed.zeros(SHAPE, "float64")
     assert _address(second) != where and not second.any()
     assert (band == 1.0).all()  # untouched by the second array's zeroing
+
+
+def test_an_array_freed_while_the_lock_is_held_does_not_deadlock() -> None:
+    """The garbage collector can run an array's finaliser inside ``_take`` (an allocation
+    there collects a cycle, e.g. a failed task's traceback holding its accumulator): giving
+    the buffer back must not wait for the lock its own thread holds."""
+    array = zeroed.zeros(SHAPE, "float32")
+
+    def free_under_lock() -> None:
+        nonlocal array
+        with zeroed._lock:
+            del array  # the finaliser runs here
+
+    thread = threading.Thread(target=free_under_lock, daemon=True)
+    thread.start()
+    thread.join(timeout=10)
+    assert not thread.is_alive(), "freeing an array under the module's lock deadlocked"
+    again = zeroed.zeros(SHAPE, "float32")  # the lock was let go and the module still works
+    assert not again.any()
 
 
 def test_small_and_unfitting_requests() -> None:

@@ -17,7 +17,7 @@ import numpy as np
 import psutil
 import pytest
 import zarr
-from distributed import Client
+from distributed import Client, LocalCluster
 
 from pipeline import multiply
 from pipeline.errors import JobError, UnsafeOutputError
@@ -324,3 +324,36 @@ def test_object_store_lock_of_another_host_is_refused_with_the_way_out(tmp_path:
     with pytest.raises(UnsafeOutputError, match=words):
         lock.acquire(f"racy://{out}/", {})
     assert json.loads((out / "lock.json").read_text())["host"] == "some-other-host"
+
+
+def test_a_failed_job_lets_go_of_out_only_when_its_tasks_have_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling a future does not stop a task already running: without waiting for it, a
+    tile would go on writing OUT after the job released its lock (to a --resume, say)."""
+    import threading
+
+    import pipeline.run.worker as worker
+
+    rng = np.random.default_rng(3)
+    a, b = random_matrix(rng, (600, 96), "float32"), random_matrix(rng, (96, 520), "float32")
+    a_url = write_array(tmp_path / "a.zarr", a, (100, 96))
+    b_url = write_array(tmp_path / "b.zarr", b, (96, 104))
+    real, calls, journaled = worker._journal, [], threading.Event()
+
+    def journal(*args: object) -> object:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the first tile fails")
+        time.sleep(2.0)  # the other one is still running when the job hears of the failure
+        stats = real(*args)
+        journaled.set()
+        return stats
+
+    monkeypatch.setattr(worker, "_journal", journal)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:  # fmt: skip
+        with pytest.raises(JobError, match="the first tile fails"):
+            multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=c)
+        assert len(calls) >= 2, "the plan has two tiles running at once"
+        assert journaled.is_set(), "the job returned while a tile task was still writing"
