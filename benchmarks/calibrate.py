@@ -258,6 +258,38 @@ def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
     )
 
 
+def per_chunk_scaled(costs: CostModel, plan: Any, target: float) -> tuple[CostModel, float]:
+    """``costs`` with the per-chunk read and decode costs scaled so that ``plan``'s modelled
+    decode seconds are ``target`` (the per-byte rates, zstd's streaming speed, are what one
+    thread measures in a job too; a job of many small chunks pays per chunk: Python, asyncio
+    and cores shared by its threads). Returns the factor applied (the per-byte part alone
+    exceeding ``target`` scales both, as ``scaled`` does)."""
+    import pipeline.plan.matmul as matmul
+
+    def decode_seconds(c: CostModel) -> float:
+        saved, matmul.COSTS = matmul.COSTS, c
+        try:
+            return grouped(dict(matmul.cpu_resource_seconds(plan)))["decode"]
+        finally:
+            matmul.COSTS = saved
+
+    no_bytes = replace(
+        costs,
+        read=ChunkCost(costs.read.per_chunk, 0.0),
+        decode=ChunkCost(costs.decode.per_chunk, 0.0),
+    )
+    whole, chunks = decode_seconds(costs), decode_seconds(no_bytes)
+    if target <= whole - chunks or chunks <= 0:
+        factor = target / max(whole, 1e-9)
+        return scaled(costs, "decode", factor), factor
+    factor = (target - (whole - chunks)) / chunks
+
+    def times(c: ChunkCost) -> ChunkCost:
+        return ChunkCost(c.per_chunk * factor, c.per_byte)
+
+    return replace(costs, read=times(costs.read), decode=times(costs.decode)), factor
+
+
 def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[str, float]]:
     """The one-thread figures scaled to what whole jobs take: each of JOBS runs as the CLI
     (least of ``repeats``) and its workers' CPU seconds (its ``time:`` line: user + system,
@@ -274,7 +306,7 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
         write_random(b, b_shape, b_chunks, "float32", 2, overwrite=True)
         argv = [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite"]
         runs.append((group, a, b, out, min(workers_cpu(argv) for _ in range(repeats))))
-    factors = dict.fromkeys(("product", "decode", "write"), 1.0)
+    factors = dict.fromkeys(("product", "decode per chunk", "write"), 1.0)
     for _ in range(4):
         for group, a, b, out, cpu in runs:
             matmul.COSTS, matmul.TASK_OVERHEAD_SECONDS = costs, costs.task_seconds
@@ -283,8 +315,11 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
             bound = max(model, key=lambda k: model[k])
             rest = sum(v for k, v in model.items() if k != bound) * plan.workers
             factor = max(cpu - rest, 1e-3) / max(model[bound] * plan.workers, 1e-3)
-            costs = scaled(costs, bound, factor)
-            factors[bound] *= factor
+            if bound == "decode":  # a small-chunk job: its excess is the per-chunk cost
+                costs, factor = per_chunk_scaled(costs, plan, model["decode"] * factor)
+            else:
+                costs = scaled(costs, bound, factor)
+            factors["decode per chunk" if bound == "decode" else bound] *= factor
             print(f"  {group} job: {cpu:.2f} CPU s, bound by {bound}: x{factor:.2f}")
     return costs, factors
 

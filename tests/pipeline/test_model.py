@@ -128,3 +128,25 @@ def test_fit_recovers_the_constants() -> None:
     got = fit(samples)
     assert got.per_chunk == pytest.approx(truth.per_chunk, rel=1e-6)
     assert got.per_byte == pytest.approx(truth.per_byte, rel=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [64, 2048])
+def test_in_job_decode_scaling_moves_the_per_chunk_cost_only(chunk: int) -> None:
+    """A decode-bound job's excess over one thread's figures is charged per chunk: the plan's
+    modelled decode becomes the target, and zstd's per-byte rate is left as measured (a
+    target below the per-byte part alone scales both)."""
+    from benchmarks.calibrate import per_chunk_scaled
+    from pipeline.plan.model import grouped
+
+    plan = _plan(chunk)
+    before = grouped(dict(cpu_resource_seconds(plan)))["decode"]
+    for target in (3 * before, 0.5 * before):
+        costs, factor = per_chunk_scaled(COSTS, plan, target)
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr("pipeline.plan.matmul.COSTS", costs)
+            after = grouped(dict(cpu_resource_seconds(plan)))["decode"]
+        assert after == pytest.approx(target, rel=1e-9)
+        if target > before:  # more per chunk, the same per byte
+            assert costs.decode.per_byte == COSTS.decode.per_byte
+            assert costs.decode.per_chunk == pytest.approx(COSTS.decode.per_chunk * factor)
+            assert factor > 3  # the per-chunk part is under all of it
