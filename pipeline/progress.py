@@ -36,9 +36,11 @@ class _Line:
             self.stream.flush()
 
     def close(self) -> None:
+        """End the line (once: later draws and closes do nothing)."""
         if self.enabled:
             self.stream.write("\n")
             self.stream.flush()
+            self.enabled = False
 
 
 class ProgressLine(_Line):

@@ -220,6 +220,17 @@ def collect(
                     stats.append(tile)
                     line.add(flops[tile.index], tile.bytes_read, tile.index, panels)
                 line.draw()
+    except KeyboardInterrupt:
+        client.cancel(list(pending))
+        keys = [f.key for f in futures.values()]
+        if _running(client, keys):
+            line.close()
+            log.warning(
+                "interrupted: waiting for the tile tasks already running to stop (OUT stays "
+                "locked until then); Ctrl-C again to leave them running"
+            )
+            drain(client, keys, 2 * estimate + 30)
+        raise
     finally:
         line.close()
     stats.sort(key=lambda s: s.index)

@@ -357,3 +357,41 @@ def test_a_failed_job_lets_go_of_out_only_when_its_tasks_have_stopped(
             multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=c)
         assert len(calls) >= 2, "the plan has two tiles running at once"
         assert journaled.is_set(), "the job returned while a tile task was still writing"
+
+
+def test_an_interrupted_job_lets_go_of_out_only_when_its_tasks_have_stopped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C (KeyboardInterrupt in the client's wait) cancels the tasks not started and waits
+    for the running ones, as a failure does."""
+    import threading
+
+    import pipeline.run.client as client_module
+    import pipeline.run.worker as worker
+
+    rng = np.random.default_rng(4)
+    a, b = random_matrix(rng, (600, 96), "float32"), random_matrix(rng, (96, 520), "float32")
+    a_url = write_array(tmp_path / "a.zarr", a, (100, 96))
+    b_url = write_array(tmp_path / "b.zarr", b, (96, 104))
+    real_journal, started, began, finished = worker._journal, threading.Event(), [], []
+
+    def journal(*args: object) -> object:
+        began.append(1)
+        started.set()
+        time.sleep(1.5)  # still running when Ctrl-C comes
+        stats = real_journal(*args)
+        finished.append(1)
+        return stats
+
+    def interrupted(pending: object) -> object:
+        started.wait(10)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(worker, "_journal", journal)
+    monkeypatch.setattr(client_module, "wait_some", interrupted)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as c:  # fmt: skip
+        with pytest.raises(KeyboardInterrupt):
+            multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=c)
+        assert began, "no task had started: nothing was checked"
+        assert len(finished) == len(began), "a tile task was still running when the job returned"
