@@ -14,7 +14,7 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
-from pipeline.errors import UsageError
+from pipeline.errors import UsageError, storage_problem
 from pipeline.plan import MatmulPlan, Tile
 from pipeline.store import chunk_read, mirror
 from pipeline.store.fs import fsspec_options, list_json, url_to_fs
@@ -102,7 +102,7 @@ def written_rows(
             if not row < end <= tile.rows[1]:
                 break
             data = _stored(out, (row, end), tile.cols, plan.out.dtype)
-            if zlib.crc32(data.data, chain) != entry.get("chain"):
+            if data is None or zlib.crc32(data.data, chain) != entry.get("chain"):
                 break
             row, chain = end, entry["chain"]
         return row, chain
@@ -128,16 +128,30 @@ def _checksum(out: Any, plan: MatmulPlan, tile: Tile) -> int | None:
     """A written tile's crc32 as its task computed it (a Gram product's: see store.mirror)."""
     if plan.symmetric:
         return mirror.stored_checksum(out, tile, plan.out.dtype, plan.block_shape[0])
-    return zlib.crc32(_stored(out, tile.rows, tile.cols, plan.out.dtype).data)
+    data = _stored(out, tile.rows, tile.cols, plan.out.dtype)
+    return None if data is None else zlib.crc32(data.data)
 
 
-def _stored(out: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: Any) -> NDArray[Any]:
+def _stored(
+    out: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: Any
+) -> NDArray[Any] | None:
     """OUT's block as written, C-ordered: chunk by chunk past zarr's machinery where
-    pipeline.store.chunk_read covers OUT's layout (4x faster for raw float chunks)."""
+    pipeline.store.chunk_read covers OUT's layout (4x faster for raw float chunks). None when
+    a chunk of it cannot be decoded (truncated, overwritten by something else): those rows
+    are computed again. A storage that cannot be reached is an error of its own."""
     block = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype)
-    if chunk_read.read_into(out, rows, cols, block):
-        return block
-    return np.ascontiguousarray(out[slice(*rows), slice(*cols)], dtype=dtype)
+    try:
+        if chunk_read.read_into(out, rows, cols, block):
+            return block
+        return np.ascontiguousarray(out[slice(*rows), slice(*cols)], dtype=dtype)
+    except Exception as e:
+        if isinstance(e, OSError) or storage_problem(e, None):
+            raise
+        log.warning(
+            "resume: OUT's rows %d:%d, columns %d:%d cannot be read back (%s: %s); "
+            "they are computed again", *rows, *cols, type(e).__name__, e,
+        )  # fmt: skip
+        return None
 
 
 def stale_tiles(

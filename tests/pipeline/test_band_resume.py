@@ -4,7 +4,10 @@ is exact, and the band entries are gone once the job completes; accumulation too
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import logging
 import os
 import signal
 import time
@@ -112,6 +115,41 @@ def test_a_band_changed_since_is_computed_again(
     multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128), resume=True)
     assert seen == [(256, M)]
     assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "replaced"])
+def test_a_band_whose_chunk_cannot_be_read_is_computed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_worker: Client, damage: str
+) -> None:
+    """A written chunk of OUT that no longer decodes (cut short, or overwritten by something
+    else) is a band to compute again, with a warning, not a crash of --resume."""
+    a_url, b_url, a, b = _inputs(tmp_path)
+    out = _stopped_after_3_bands(a_url, b_url, tmp_path / "c.zarr", monkeypatch, one_worker)
+    chunk = out / "c" / "2" / "1"  # rows 256:384 (the second band), columns 128:256
+    if damage == "truncated":
+        chunk.write_bytes(chunk.read_bytes()[:1000])
+    else:
+        chunk.write_bytes(b"not a chunk")
+    seen = _computed_rows(monkeypatch)
+    with caplog_at_warning() as logged:
+        multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128), resume=True)
+    assert seen == [(256, M)], "the first band still counts; the rest is computed again"
+    assert "rows 256:512, columns 0:256 cannot be read back" in logged.getvalue()
+    assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
+
+
+@contextlib.contextmanager
+def caplog_at_warning() -> Any:
+    """The pipeline logger's warnings, as text."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setLevel(logging.WARNING)
+    logger = logging.getLogger("pipeline")
+    logger.addHandler(handler)
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_accumulation_resumed_mid_tile_adds_once(

@@ -293,3 +293,21 @@ def test_the_journal_of_a_store_that_needs_its_options(
     assert entries(Path(path)) == ["tile-0-0.json"]
     journal.forget(url, SECRET, {(0, 0)})
     assert entries(Path(path)) == []
+
+
+def test_a_written_tile_whose_chunk_no_longer_decodes_is_not_counted(
+    out: tuple[str, np.ndarray], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A journaled tile with a chunk cut short is computed again (with a warning), while the
+    others still count; --resume does not stop on it."""
+    url, data = out
+    plan = small_plan()
+    for t in plan.tiles():
+        entry = {"index": list(t.index), "fingerprint": FP, "checksum": crc(data, t.rows, t.cols)}
+        record(url, journal.entry_name(t.index), **entry)
+    chunk = Path(url) / "c" / "1" / "0"  # tile (1, 0): rows 4:8, columns 0:4
+    chunk.write_bytes(chunk.read_bytes()[:5])
+    with caplog.at_level(logging.WARNING, logger="pipeline"):
+        done = journal.finished_tiles(url, {}, plan, FP, {"fingerprint": FP})
+    assert done == {(0, 0), (0, 1), (1, 1)}
+    assert any("rows 4:8, columns 0:4 cannot be read back" in m for m in caplog.messages)
