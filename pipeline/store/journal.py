@@ -4,6 +4,7 @@ written band of a tile still in flight (so a resumed tile computes only its unwr
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import zlib
 from collections.abc import Callable
@@ -127,7 +128,8 @@ def _each(check: Callable[[T], R], items: list[T]) -> list[R]:
 def _checksum(out: Any, plan: MatmulPlan, tile: Tile) -> int | None:
     """A written tile's crc32 as its task computed it (a Gram product's: see store.mirror)."""
     if plan.symmetric:
-        return mirror.stored_checksum(out, tile, plan.out.dtype, plan.block_shape[0])
+        read = functools.partial(_stored, out, dtype=plan.out.dtype)
+        return mirror.stored_checksum(read, tile, plan.block_shape[0])
     data = _stored(out, tile.rows, tile.cols, plan.out.dtype)
     return None if data is None else zlib.crc32(data.data)
 

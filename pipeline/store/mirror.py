@@ -15,12 +15,16 @@ tile; a diagonal tile's rows from their band's first column on); the mirror is c
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.plan import Tile, row_bands
+
+Reader = Callable[[tuple[int, int], tuple[int, int]], NDArray[Any] | None]
+"""OUT's block ``[rows, cols]`` as written, C-ordered (None: it cannot be read)."""
 
 
 def is_diagonal(symmetric: bool, tile: Tile) -> bool:
@@ -68,13 +72,13 @@ def upper_part(band: NDArray[Any], r0: int) -> NDArray[Any]:
     return upper
 
 
-def stored_checksum(out: Any, tile: Tile, dtype: str, block_rows: int | None) -> int | None:
+def stored_checksum(read: Reader, tile: Tile, block_rows: int | None) -> int | None:
     """--resume: the crc32 of a written tile as the journal defines it, or None when its
-    mirror is not its exact transpose (then it is computed again)."""
-    (r0, r1), (c0, c1) = tile.rows, tile.cols
-    data = np.ascontiguousarray(out[r0:r1, c0:c1], dtype=dtype)
-    mirror = data if tile.index[0] == tile.index[1] else out[c0:c1, r0:r1]
-    if not same_bits(data, np.asarray(mirror, dtype=dtype).T):
+    mirror is not its exact transpose, or either cannot be read (then it is computed again).
+    ``read(rows, cols)``: OUT's block as written, C-ordered, or None."""
+    data = read(tile.rows, tile.cols)
+    mirror = data if tile.index[0] == tile.index[1] else read(tile.cols, tile.rows)
+    if data is None or mirror is None or not same_bits(data, mirror.T):
         return None
     if tile.index[0] != tile.index[1]:
         return zlib.crc32(data.data)
