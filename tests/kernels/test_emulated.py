@@ -179,12 +179,18 @@ def test_closed_device_refuses_work() -> None:
         dev.copy_to_device(MB, dev.empty(MB.shape, MB.dtype), dev.stream())
 
 
+def near_rate(got: float, configured: float) -> bool:
+    """A measured rate against the emulation's: it sleeps at least the modelled time, so a
+    busy machine only makes the measurement slower; best of several runs, 35 % allowed."""
+    return 0.65 * configured <= got <= 1.05 * configured
+
+
 def test_calibrate_measures_the_configured_rates() -> None:
     with EmulatedDevice(TFLOPS, GBPS, d2h_gbps=2 * GBPS) as dev:
-        got = calibrate(dev, n=N, copy_bytes=2_000_000, repeats=2)
-    assert got.flops_per_second == pytest.approx(TFLOPS * 1e12, rel=0.15)
-    assert got.h2d_bytes_per_second == pytest.approx(GBPS * 1e9, rel=0.15)
-    assert got.d2h_bytes_per_second == pytest.approx(2 * GBPS * 1e9, rel=0.15)
+        got = calibrate(dev, n=N, copy_bytes=2_000_000, repeats=4)
+    assert near_rate(got.flops_per_second, TFLOPS * 1e12), got
+    assert near_rate(got.h2d_bytes_per_second, GBPS * 1e9), got
+    assert near_rate(got.d2h_bytes_per_second, 2 * GBPS * 1e9), got
     with EmulatedDevice(TFLOPS, GBPS) as dev:
-        f64 = calibrate(dev, n=N, copy_bytes=100_000, repeats=1, dtype=np.float64)
-    assert f64.flops_per_second == pytest.approx(TFLOPS * 1e12 / 2, rel=0.15)
+        f64 = calibrate(dev, n=N, copy_bytes=100_000, repeats=3, dtype=np.float64)
+    assert near_rate(f64.flops_per_second, TFLOPS * 1e12 / 2), f64
