@@ -223,7 +223,7 @@ def collect(
     except KeyboardInterrupt:
         client.cancel(list(pending))
         keys = [f.key for f in futures.values()]
-        if _running(client, keys):
+        if _running(client, set(keys), RUN_TIMEOUT) != 0:
             line.close()
             log.warning(
                 "interrupted: waiting for the tile tasks already running to stop (OUT stays "
@@ -240,28 +240,40 @@ def collect(
 def drain(client: Client, keys: list[Any], timeout: float) -> None:
     """Wait until no worker thread still runs one of ``keys``. Cancelling a future does not stop
     a task already running: it would go on writing OUT after the job let go of its lock (and a
-    --resume, or another job, took it). Its tile is kept, journaled as usual."""
-    deadline = time.monotonic() + timeout
-    while running := _running(client, keys):
+    --resume, or another job, took it). Its tile is kept, journaled as usual. A worker that
+    does not answer may still be running some: waited for too, up to ``timeout``."""
+    deadline, ours = time.monotonic() + timeout, set(keys)
+    while (running := _running(client, ours, RUN_TIMEOUT)) != 0:
         if time.monotonic() > deadline:
             log.warning(
-                "%d tile task(s) still running on the workers after %.0f s; "
+                "%s tile task(s) may still be running on the workers after %.0f s; "
                 "wait for them before --resume",
-                running,
+                "some" if running is None else running,
                 timeout,
             )
             return
-        time.sleep(0.1)
+        time.sleep(0.5)
 
 
-def _running(client: Client, keys: list[Any]) -> int:
-    def active(keys: list[Any], dask_worker: Any) -> int:
-        return len(dask_worker.active_keys.intersection(keys))
+RUN_TIMEOUT = 5.0
+"""Seconds to wait for the workers' answer to one poll (a stopped worker never answers)."""
+
+
+def _running(client: Client, ours: set[Any], timeout: float) -> int | None:
+    """How many of ``ours`` run in a worker thread now; None when a live worker did not
+    answer in ``timeout`` s. A worker that is gone runs nothing."""
+
+    def active(dask_worker: Any) -> list[Any]:
+        return list(dask_worker.active_keys)  # at most one per thread: cheap to send
 
     try:
-        return sum(client.run(active, keys).values())
-    except Exception:  # a worker gone (or the cluster closing) runs nothing of ours
+        answers = client.run(active, on_error="return", callback_timeout=timeout)
+    except TimeoutError:
+        return None
+    except Exception:  # the cluster closing: nothing left to run our tasks
         return 0
+    found = [a for a in answers.values() if isinstance(a, list)]
+    return sum(len(ours.intersection(a)) for a in found)
 
 
 def wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[Any]]]:
