@@ -147,7 +147,10 @@ def _stored(
             return block
         return np.ascontiguousarray(out[slice(*rows), slice(*cols)], dtype=dtype)
     except Exception as e:
-        if isinstance(e, OSError) or storage_problem(e, None):
+        # Decoding errors come in every class (gzip's and bz2's are OSErrors): only a storage
+        # that refuses or cannot be reached is an error; anything else is computed again.
+        refused = isinstance(e, (PermissionError, ConnectionError, TimeoutError))
+        if refused or storage_problem(e, None):
             raise
         log.warning(
             "resume: OUT's rows %d:%d, columns %d:%d cannot be read back (%s: %s); "

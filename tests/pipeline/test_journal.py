@@ -314,3 +314,40 @@ def test_a_written_tile_whose_chunk_no_longer_decodes_is_not_counted(
         done = journal.finished_tiles(url, {}, plan, FP, {"fingerprint": FP})
     assert done == {(0, 0), (0, 1), (1, 1)}
     assert any("rows 4:8, columns 0:4 cannot be read back" in m for m in caplog.messages)
+
+
+@pytest.mark.parametrize("codec", ["gzip", "bz2"])
+def test_a_chunk_of_any_codec_that_no_longer_decodes_is_not_counted(
+    tmp_path: Path, codec: str
+) -> None:
+    """gzip's and bz2's decoding errors are OSErrors: still a chunk to compute again, not a
+    storage error (an accumulation's C is the user's array, in any codec)."""
+    import numcodecs
+
+    data = np.random.default_rng(9).uniform(-1, 1, (8, 8)).astype("float32")
+    url = str(tmp_path / "c.zarr")
+    compressor = numcodecs.GZip() if codec == "gzip" else numcodecs.BZ2()
+    zarr.create_array(url, data=data, chunks=(4, 4), zarr_format=2, compressors=compressor)
+    plan = small_plan()
+    for t in plan.tiles():
+        entry = {"index": list(t.index), "fingerprint": FP, "checksum": crc(data, t.rows, t.cols)}
+        record(url, journal.entry_name(t.index), **entry)
+    (tmp_path / "c.zarr" / "0.1").write_bytes(b"not a stream")  # tile (0, 1)
+    assert journal.journaled(url, url, {}, plan, FP) == {(0, 0), (1, 0), (1, 1)}
+
+
+def test_a_storage_that_refuses_is_an_error_not_a_recompute(
+    out: tuple[str, np.ndarray], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url, data = out
+    plan = small_plan()
+    t = next(iter(plan.tiles()))
+    entry = {"index": list(t.index), "fingerprint": FP, "checksum": crc(data, t.rows, t.cols)}
+    record(url, journal.entry_name(t.index), **entry)
+
+    def refused(*args: Any, **kwargs: Any) -> bool:
+        raise PermissionError("the store said no")
+
+    monkeypatch.setattr(journal.chunk_read, "read_into", refused)
+    with pytest.raises(PermissionError, match="the store said no"):
+        journal.journaled(url, url, {}, plan, FP)
