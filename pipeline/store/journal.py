@@ -23,7 +23,11 @@ from pipeline.store.fs import fsspec_options, list_json, url_to_fs
 log = logging.getLogger("pipeline")
 JOURNAL_DIR = "journal"
 CHECK_THREADS = 8
-"""Written tiles read back at once by --resume (reads of a remote store wait mostly)."""
+"""Written tiles read back at once by --resume (reads of a remote store wait mostly)..."""
+CHECK_BYTES = 512 << 20
+"""...holding at most this much of them at once on the client,"""
+BAND_BYTES = 64 << 20
+"""...a tile's rows read back in bands of at most this many bytes (whole stored rows)."""
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -70,7 +74,7 @@ def journaled(
         tile, checksum = claimed[index]
         return _checksum(out, plan, tile) == checksum
 
-    return {i for i, ok in zip(claimed, _each(intact, list(claimed)), strict=True) if ok}
+    return {i for i, ok in zip(claimed, _each(intact, list(claimed), plan), strict=True) if ok}
 
 
 def written_rows(
@@ -111,27 +115,43 @@ def written_rows(
     in_flight = [t for t in plan.tiles() if t.index in bands]
     return {
         tile.index: (row, chain)
-        for tile, (row, chain) in zip(in_flight, _each(kept, in_flight), strict=True)
+        for tile, (row, chain) in zip(in_flight, _each(kept, in_flight, plan), strict=True)
         if row > tile.rows[0]
     }
 
 
-def _each(check: Callable[[T], R], items: list[T]) -> list[R]:
+def _each(check: Callable[[T], R], items: list[T], plan: MatmulPlan) -> list[R]:
     """``check`` of every item, several at once: reading back written tiles is most of a
-    resume's start, and zarr's reads and crc32 let go of the GIL."""
-    if len(items) < 2:
+    resume's start, and zarr's reads and crc32 let go of the GIL. At most CHECK_BYTES of
+    them held at once on the client."""
+    tm, tn = plan.tile_shape
+    tile_bytes = tm * tn * np.dtype(plan.out.dtype).itemsize
+    # one check holds a band of at most BAND_BYTES; a Gram tile, it and its mirror (and copies)
+    held = 5 * tile_bytes if plan.symmetric else min(tile_bytes, BAND_BYTES)
+    threads = min(CHECK_THREADS, len(items), max(CHECK_BYTES // max(held, 1), 1))
+    if threads < 2:
         return [check(x) for x in items]
-    with ThreadPoolExecutor(max_workers=min(CHECK_THREADS, len(items))) as pool:
+    with ThreadPoolExecutor(max_workers=threads) as pool:
         return list(pool.map(check, items))
 
 
 def _checksum(out: Any, plan: MatmulPlan, tile: Tile) -> int | None:
-    """A written tile's crc32 as its task computed it (a Gram product's: see store.mirror)."""
+    """A written tile's crc32 as its task computed it (a Gram product's: see store.mirror),
+    read in bands of whole stored rows, at most BAND_BYTES each: the crc32 chained over a
+    tile's row bands is the whole tile's."""
     if plan.symmetric:
         read = functools.partial(_stored, out, dtype=plan.out.dtype)
         return mirror.stored_checksum(read, tile, plan.block_shape[0])
-    data = _stored(out, tile.rows, tile.cols, plan.out.dtype)
-    return None if data is None else zlib.crc32(data.data)
+    unit = max(plan.out.outer_chunks[0], 1)
+    row_bytes = (tile.cols[1] - tile.cols[0]) * np.dtype(plan.out.dtype).itemsize
+    step = unit * max(BAND_BYTES // max(unit * row_bytes, 1), 1)
+    crc = 0
+    for r0 in range(tile.rows[0], tile.rows[1], step):
+        data = _stored(out, (r0, min(r0 + step, tile.rows[1])), tile.cols, plan.out.dtype)
+        if data is None:
+            return None
+        crc = zlib.crc32(data.data, crc)
+    return crc
 
 
 def _stored(

@@ -351,3 +351,20 @@ def test_a_storage_that_refuses_is_an_error_not_a_recompute(
     monkeypatch.setattr(journal.chunk_read, "read_into", refused)
     with pytest.raises(PermissionError, match="the store said no"):
         journal.journaled(url, url, {}, plan, FP)
+
+
+@pytest.mark.parametrize("band_bytes", [1, 4 * 4 * 4, 1 << 20])
+def test_a_tile_read_back_in_bands_has_the_whole_tiles_checksum(
+    out: tuple[str, np.ndarray], monkeypatch: pytest.MonkeyPatch, band_bytes: int
+) -> None:
+    """The client reads a written tile back in bands of whole stored rows (its memory bounded);
+    the crc32 chained over them is the whole tile's, and a change in its last row is seen."""
+    url, data = out
+    monkeypatch.setattr(journal, "BAND_BYTES", band_bytes)
+    plan = small_plan()
+    for t in plan.tiles():
+        entry = {"index": list(t.index), "fingerprint": FP, "checksum": crc(data, t.rows, t.cols)}
+        record(url, journal.entry_name(t.index), **entry)
+    assert journal.journaled(url, url, {}, plan, FP) == {t.index for t in plan.tiles()}
+    zarr.open_array(url, mode="r+")[7, 7] = 5.0  # the last row of tile (1, 1)
+    assert journal.journaled(url, url, {}, plan, FP) == {(0, 0), (0, 1), (1, 0)}
