@@ -210,8 +210,8 @@ def collect(
                 done, pending = wait_some(pending)
                 for future in done:
                     if future.status == "error":
-                        client.cancel(list(pending))
-                        drain(client, [f.key for f in futures.values()], 2 * estimate + 30)
+                        stop = (pending, "a tile task failed", "Ctrl-C to leave them running")
+                        _stop(client, futures, *stop, line, 2 * estimate + 30)
                         error = _job_error(future, len(futures))
                         if isinstance(error, DeviceFaultError):
                             restart_faulted(client, error)
@@ -221,20 +221,36 @@ def collect(
                     line.add(flops[tile.index], tile.bytes_read, tile.index, panels)
                 line.draw()
     except KeyboardInterrupt:
-        client.cancel(list(pending))
-        keys = [f.key for f in futures.values()]
-        if _running(client, set(keys), RUN_TIMEOUT) != 0:
-            line.close()
-            log.warning(
-                "interrupted: waiting for the tile tasks already running to stop (OUT stays "
-                "locked until then); Ctrl-C again to leave them running"
-            )
-            drain(client, keys, 2 * estimate + 30)
+        stop = (pending, "interrupted", "Ctrl-C again to leave them running")
+        _stop(client, futures, *stop, line, 2 * estimate + 30)
         raise
     finally:
         line.close()
     stats.sort(key=lambda s: s.index)
     return RunStats(len(stats), sum(s.bytes_read for s in stats), tuple(stats))
+
+
+def _stop(
+    client: Client,
+    futures: dict[tuple[int, int], Future[Any]],
+    pending: set[Future[Any]],
+    why: str,
+    way_out: str,
+    line: ProgressLine,
+    timeout: float,
+) -> None:
+    """Cancel the tasks not started and wait for the running ones (drain), saying so."""
+    client.cancel(list(pending))
+    keys = [f.key for f in futures.values()]
+    if _running(client, set(keys), RUN_TIMEOUT) != 0:
+        line.close()
+        log.warning(
+            "%s: waiting for the tile tasks already running to stop (OUT stays locked until "
+            "then); %s",
+            why,
+            way_out,
+        )
+        drain(client, keys, timeout)
 
 
 def drain(client: Client, keys: list[Any], timeout: float) -> None:

@@ -327,7 +327,7 @@ def test_object_store_lock_of_another_host_is_refused_with_the_way_out(tmp_path:
 
 
 def test_a_failed_job_lets_go_of_out_only_when_its_tasks_have_stopped(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Cancelling a future does not stop a task already running: without waiting for it, a
     tile would go on writing OUT after the job released its lock (to a --resume, say)."""
@@ -353,10 +353,12 @@ def test_a_failed_job_lets_go_of_out_only_when_its_tasks_have_stopped(
     monkeypatch.setattr(worker, "_journal", journal)
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
                       dashboard_address=":0") as cluster, Client(cluster) as c:  # fmt: skip
-        with pytest.raises(JobError, match="the first tile fails"):
+        with pytest.raises(JobError, match="the first tile fails"), caplog.at_level("WARNING"):
             multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=c)
         assert len(calls) >= 2, "the plan has two tiles running at once"
         assert journaled.is_set(), "the job returned while a tile task was still writing"
+        said = "a tile task failed: waiting for the tile tasks already running to stop"
+        assert any(m.startswith(said) for m in caplog.messages), caplog.messages
 
 
 def test_an_interrupted_job_lets_go_of_out_only_when_its_tasks_have_stopped(
