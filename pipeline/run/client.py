@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +36,7 @@ from pipeline.progress import ProgressLine
 from pipeline.run import events, worker
 from pipeline.run.faults import restart_faulted
 from pipeline.run.spec import TaskSpec, TileStats
+from pipeline.run.stopping import stop_running
 from pipeline.run.timing import add_phases, process_usage
 
 log = logging.getLogger("pipeline")
@@ -211,7 +211,7 @@ def collect(
                 for future in done:
                     if future.status == "error":
                         stop = (pending, "a tile task failed", "Ctrl-C to leave them running")
-                        _stop(client, futures, *stop, line, 2 * estimate + 30)
+                        stop_running(client, futures, *stop, line, 2 * estimate + 30)
                         error = _job_error(future, len(futures))
                         if isinstance(error, DeviceFaultError):
                             restart_faulted(client, error)
@@ -222,74 +222,12 @@ def collect(
                 line.draw()
     except KeyboardInterrupt:
         stop = (pending, "interrupted", "Ctrl-C again to leave them running")
-        _stop(client, futures, *stop, line, 2 * estimate + 30)
+        stop_running(client, futures, *stop, line, 2 * estimate + 30)
         raise
     finally:
         line.close()
     stats.sort(key=lambda s: s.index)
     return RunStats(len(stats), sum(s.bytes_read for s in stats), tuple(stats))
-
-
-def _stop(
-    client: Client,
-    futures: dict[tuple[int, int], Future[Any]],
-    pending: set[Future[Any]],
-    why: str,
-    way_out: str,
-    line: ProgressLine,
-    timeout: float,
-) -> None:
-    """Cancel the tasks not started and wait for the running ones (drain), saying so."""
-    client.cancel(list(pending))
-    keys = [f.key for f in futures.values()]
-    if _running(client, set(keys), RUN_TIMEOUT) != 0:
-        line.close()
-        log.warning(
-            "%s: waiting for the tile tasks already running to stop (OUT stays locked until "
-            "then); %s",
-            why,
-            way_out,
-        )
-        drain(client, keys, timeout)
-
-
-def drain(client: Client, keys: list[Any], timeout: float) -> None:
-    """Wait until no worker thread still runs one of ``keys``. Cancelling a future does not stop
-    a task already running: it would go on writing OUT after the job let go of its lock (and a
-    --resume, or another job, took it). Its tile is kept, journaled as usual. A worker that
-    does not answer may still be running some: waited for too, up to ``timeout``."""
-    deadline, ours = time.monotonic() + timeout, set(keys)
-    while (running := _running(client, ours, RUN_TIMEOUT)) != 0:
-        if time.monotonic() > deadline:
-            log.warning(
-                "%s tile task(s) may still be running on the workers after %.0f s; "
-                "wait for them before --resume",
-                "some" if running is None else running,
-                timeout,
-            )
-            return
-        time.sleep(0.5)
-
-
-RUN_TIMEOUT = 5.0
-"""Seconds to wait for the workers' answer to one poll (a stopped worker never answers)."""
-
-
-def _running(client: Client, ours: set[Any], timeout: float) -> int | None:
-    """How many of ``ours`` run in a worker thread now; None when a live worker did not
-    answer in ``timeout`` s. A worker that is gone runs nothing."""
-
-    def active(dask_worker: Any) -> list[Any]:
-        return list(dask_worker.active_keys)  # at most one per thread: cheap to send
-
-    try:
-        answers = client.run(active, on_error="return", callback_timeout=timeout)
-    except TimeoutError:
-        return None
-    except Exception:  # the cluster closing: nothing left to run our tasks
-        return 0
-    found = [a for a in answers.values() if isinstance(a, list)]
-    return sum(len(ours.intersection(a)) for a in found)
 
 
 def wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[Any]]]:

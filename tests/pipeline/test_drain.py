@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from pipeline.run import client as client_module
-from pipeline.run.client import _running, drain
+from pipeline.run import stopping
+from pipeline.run.stopping import drain, running
 
 
 class Answers:
@@ -33,14 +33,14 @@ OURS = {"tile-a", "tile-b"}
 def test_only_our_keys_count_and_a_gone_worker_runs_nothing() -> None:
     gone = OSError("CommClosedError: the worker died")
     workers = Answers({"w1": ["tile-a", "other-job"], "w2": gone, "w3": ["tile-b"], "w4": []})
-    assert _running(workers, OURS, 5.0) == 2  # type: ignore[arg-type]
+    assert running(workers, OURS, 5.0) == 2  # type: ignore[arg-type]
     # errors come back per worker (one dead worker must not hide the others), bounded in time
     assert workers.calls == [{"on_error": "return", "callback_timeout": 5.0}]
 
 
 def test_a_worker_that_does_not_answer_is_not_taken_for_idle() -> None:
-    assert _running(Answers(TimeoutError()), OURS, 5.0) is None  # type: ignore[arg-type]
-    assert _running(Answers(RuntimeError("closing")), OURS, 5.0) == 0  # type: ignore[arg-type]
+    assert running(Answers(TimeoutError()), OURS, 5.0) is None  # type: ignore[arg-type]
+    assert running(Answers(RuntimeError("closing")), OURS, 5.0) == 0  # type: ignore[arg-type]
 
 
 def test_drain_waits_through_silence_until_the_tasks_are_gone(
@@ -56,8 +56,8 @@ def test_drain_gives_up_at_its_deadline_with_a_warning(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     clock = iter(range(0, 1000, 10))
-    monkeypatch.setattr(client_module.time, "monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr(client_module.time, "sleep", lambda s: None)
+    monkeypatch.setattr(stopping.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(stopping.time, "sleep", lambda s: None)
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         drain(Answers(TimeoutError()), sorted(OURS), timeout=25)  # type: ignore[arg-type]
     assert caplog.messages == [
