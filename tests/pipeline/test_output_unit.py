@@ -187,6 +187,15 @@ def test_claim_never_removes_a_folder_it_did_not_create(tmp_path: Path) -> None:
     assert (tmp_path / "out.zarr").is_dir()
 
 
+def claim_refused(
+    out: Output, seen: Any, error: type[Exception], pattern: str, **flags: bool
+) -> None:
+    """Claiming ``out`` (state ``seen`` at planning) with ``flags`` raises ``error``, its
+    message matching ``pattern``."""
+    with pytest.raises(error, match=pattern), out.claim(seen, **flags):
+        pass
+
+
 def test_claim_of_an_existing_out_needs_a_flag(tmp_path: Path) -> None:
     out = ours(tmp_path)
     seen = out.state()
@@ -194,11 +203,9 @@ def test_claim_of_an_existing_out_needs_a_flag(tmp_path: Path) -> None:
         f"OUT ({out.url}) already exists; pass --overwrite to replace it or --resume to "
         "finish an interrupted run"
     )
-    with (
-        pytest.raises(OutputExistsError, match=f"^{re.escape(want)}$"),
-        out.claim(seen, overwrite=False, resume=False),
-    ):
-        pass
+    claim_refused(
+        out, seen, OutputExistsError, f"^{re.escape(want)}$", overwrite=False, resume=False
+    )
     for flags in ({"overwrite": True, "resume": False}, {"overwrite": False, "resume": True}):
         with out.claim(seen, **flags) as (_, state):
             assert state == seen
@@ -223,11 +230,7 @@ def test_claim_refuses_foreign_files_in_our_array(tmp_path: Path, resume: bool, 
         rf"\(([a-e]\.txt, ){{2}}[a-e]\.txt and 2 more\); {flag} writes only into our own "
         "array: move them out or choose another OUT$"
     )  # the first three found, in listing order
-    with (
-        pytest.raises(UnsafeOutputError, match=want),
-        out.claim(seen, overwrite=not resume, resume=resume),
-    ):
-        pass
+    claim_refused(out, seen, UnsafeOutputError, want, overwrite=not resume, resume=resume)
 
 
 @pytest.mark.parametrize(
@@ -251,11 +254,9 @@ def test_claim_refuses_an_out_changed_since_planning(tmp_path: Path, seen: Any) 
         f"OUT ({out.url}) changed after this job was planned ({how} by another job?); plan "
         "the job again (rerun the command)"
     )
-    with (
-        pytest.raises(UnsafeOutputError, match=f"^{re.escape(want)}$"),
-        out.claim(seen, overwrite=True, resume=False),
-    ):
-        pass
+    claim_refused(
+        out, seen, UnsafeOutputError, f"^{re.escape(want)}$", overwrite=True, resume=False
+    )
 
 
 def test_claim_for_accumulate_compares_the_current_state(tmp_path: Path) -> None:
