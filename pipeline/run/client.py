@@ -204,14 +204,17 @@ def collect(
     panels = len(plan.k_panels)  # per tile, whatever its split
     line = ProgressLine(len(futures), todo, progress, None, estimate, len(futures) * panels)
     pending, stats = set(futures.values()), []
+
+    def stop(why: str, way_out: str) -> None:
+        stop_running(client, futures, pending, line, 2 * estimate + 30, why, way_out)
+
     try:
         with events.subscribe(client, run_id if progress else "", line.task_progress):
             while pending:
                 done, pending = wait_some(pending)
                 for future in done:
                     if future.status == "error":
-                        stop = (pending, "a tile task failed", "Ctrl-C to leave them running")
-                        stop_running(client, futures, *stop, line, 2 * estimate + 30)
+                        stop("a tile task failed", "Ctrl-C to leave them running")
                         error = _job_error(future, len(futures))
                         if isinstance(error, DeviceFaultError):
                             restart_faulted(client, error)
@@ -221,8 +224,7 @@ def collect(
                     line.add(flops[tile.index], tile.bytes_read, tile.index, panels)
                 line.draw()
     except KeyboardInterrupt:
-        stop = (pending, "interrupted", "Ctrl-C again to leave them running")
-        stop_running(client, futures, *stop, line, 2 * estimate + 30)
+        stop("interrupted", "Ctrl-C again to leave them running")
         raise
     finally:
         line.close()

@@ -20,10 +20,10 @@ def stop_running(
     client: Client,
     futures: dict[tuple[int, int], Future[Any]],
     pending: set[Future[Any]],
-    why: str,
-    way_out: str,
     line: ProgressLine,
     timeout: float,
+    why: str,
+    way_out: str,
 ) -> None:
     """Cancel the tasks not started and wait for the running ones (drain), saying so."""
     client.cancel(list(pending))
