@@ -34,12 +34,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import dask
 import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
 from pipeline.generate import write_random
-from pipeline.plan.costs import ChunkCost, CostModel
+from pipeline.host_probe import measure
+from pipeline.plan.costs import ChunkCost, CostModel, HostProbe
 from pipeline.plan.model import grouped
 from pipeline.store import chunk_read
 from pipeline.store.chunk_sizes import decode_exact
@@ -353,7 +355,7 @@ def source(costs: CostModel) -> str:
             "machine named below (its ``measured``: when, and how each group was scaled to whole",
             'jobs). Rerun it on the machine to plan for; do not edit by hand."""',
             "",
-            "from pipeline.plan.costs import ChunkCost, CostModel",
+            "from pipeline.plan.costs import ChunkCost, CostModel, HostProbe",
             "",
             "COSTS = CostModel(",
             cost("read", costs.read),
@@ -368,10 +370,25 @@ def source(costs: CostModel) -> str:
             f"    setup_seconds={costs.setup_seconds:.4g},",
             f"    machine={json.dumps(costs.machine)},",
             f"    measured={json.dumps(costs.measured)},",
+            *probe_lines(costs.probe),
             ")",
             "",
         ]
     )
+
+
+def probe_lines(probe: HostProbe | None) -> list[str]:
+    """The calibration host's quick figures (pipeline.host_probe), which scale the model to
+    other hosts."""
+    if probe is None:
+        return []
+    return [
+        "    probe=HostProbe(",
+        f"        flops_per_second={probe.flops_per_second:.4g},",
+        f"        decode_per_byte={probe.decode_per_byte:.4g},",
+        f"        python_seconds={probe.python_seconds:.4g},",
+        "    ),",
+    ]
 
 
 def show(name: str, samples: list[Sample], cost: ChunkCost) -> None:
@@ -389,6 +406,9 @@ def main() -> None:
         "--out", default=str(Path(__file__).parents[1] / "pipeline/plan/calibration.py")
     )
     args = parser.parse_args()
+    # The jobs below plan with the constants being fitted, not this host's scaled model.
+    os.environ["DASK_TILEGEMM__HOST_PROBE"] = "False"
+    dask.config.set({"tilegemm.host-probe": False})
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         reads, decodes = input_samples(root, args.repeats)
@@ -414,7 +434,7 @@ def main() -> None:
     costs = CostModel(
         **fits, flops_per_second=flops, accumulate_per_byte=accumulate,
         allocate_per_byte=allocate, task_seconds=task, setup_seconds=setup,
-        machine=machine(), measured=f"{today}, best of {args.repeats}",
+        machine=machine(), measured=f"{today}, best of {args.repeats}", probe=measure(),
     )  # fmt: skip
     print(
         f"sgemm {flops / 1e9:.1f} GFLOP/s per thread; {task * 1e3:.2f} ms per task; "

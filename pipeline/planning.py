@@ -13,6 +13,7 @@ import psutil
 from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, PRECISIONS, check_precision
 from pipeline import settings
 from pipeline.errors import UsageError
+from pipeline.host_probe import host_costs
 from pipeline.options import JobOptions
 from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
 from pipeline.plan.device import default_decode_threads
@@ -68,6 +69,7 @@ def plan_for(
         output=options.output,
         transposed=transposed,
         symmetric=symmetric,
+        costs=host_costs(),
     )
     return replace(plan, precision=options.precision)
 

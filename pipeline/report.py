@@ -7,8 +7,7 @@ import contextlib
 from typing import TYPE_CHECKING, Any
 
 from pipeline.cputime import ROWS
-from pipeline.plan import DECODE_BYTES_PER_THREAD, FLOPS_PER_THREAD, MatmulPlan
-from pipeline.plan.calibration import COSTS
+from pipeline.plan import MatmulPlan
 from pipeline.plan.gpu import panel_decode_rate
 from pipeline.plan.matmul import cpu_resource_seconds
 from pipeline.plan.units import format_bytes
@@ -101,13 +100,14 @@ def _task_memory(plan: MatmulPlan) -> str:
 
 
 def _estimate(plan: MatmulPlan) -> str:
-    total = f"{plan.estimated_seconds + COSTS.setup_seconds:.1f} s on this cluster"
+    costs = plan.cost_model
+    total = f"{plan.estimated_seconds + costs.setup_seconds:.1f} s on this cluster"
     if plan.device is None:
+        decode = 1 / (costs.read.per_byte + costs.decode.per_byte)
         return (
-            f"{total} (CPU model calibrated on {COSTS.machine}: "
-            f"{FLOPS_PER_THREAD / 1e9:.0f} GFLOP/s and "
-            f"{DECODE_BYTES_PER_THREAD / 1e9:.1f} GB/s read and decode per thread, plus a cost "
-            "per chunk)"
+            f"{total} (CPU model calibrated on {costs.machine}: "
+            f"{costs.flops_per_second / 1e9:.0f} GFLOP/s and "
+            f"{decode / 1e9:.1f} GB/s read and decode per thread, plus a cost per chunk)"
         )
     d = plan.device
     return (
@@ -128,7 +128,8 @@ def _resources(plan: MatmulPlan) -> str:
     seconds = plan.resource_seconds or cpu_resource_seconds(plan)
     where = "per worker" if plan.device is not None else "thread-seconds per worker"
     terms = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
-    return f"{terms} ({where}); setup {COSTS.setup_seconds:.2f} (interpreter, cluster, OUT)"
+    setup = plan.cost_model.setup_seconds
+    return f"{terms} ({where}); setup {setup:.2f} (interpreter, cluster, OUT)"
 
 
 def format_summary(result: MultiplyResult) -> str:

@@ -152,6 +152,13 @@ SETTINGS = {
             _count, "2000000",
         ),
         Setting(
+            "host-probe", True, "true or false",
+            "scale the calibrated cost model to this host by its BLAS, zstd and Python speed "
+            "(measured once, about a second; saved in $XDG_CACHE_HOME/tilegemm/hosts.json); "
+            "false: the calibration's constants as committed",
+            _flag, "true",
+        ),
+        Setting(
             "gpu-overlap", True, "true or false",
             "staged GPU path: overlap decoding, copies and kernels (false: in series)",
             _flag, "true",

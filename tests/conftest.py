@@ -16,6 +16,9 @@ assert "numba" not in sys.modules, "numba was imported before tests/conftest.py"
 if os.environ.get("TILEGEMM_TEST_GPU") != "1":
     os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
+# Plans in the suite use the committed calibration, whatever this host's speed
+# (tests/pipeline/test_host_probe.py covers the scaling).
+os.environ.setdefault("DASK_TILEGEMM__HOST_PROBE", "False")
 
 from cluster.tuning import worker_config  # noqa: E402  (pure: no dask, no numba)
 

@@ -22,9 +22,10 @@ from typing import Any
 FILE_NAME = "devices.json"
 
 
-def store_path() -> Path:
+def store_path(name: str = FILE_NAME) -> Path:
+    """``name`` (devices.json; hosts.json holds the CPU hosts' figures) in our cache folder."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "tilegemm" / FILE_NAME
+    return Path(base) / "tilegemm" / name
 
 
 def kernel_source_hash() -> str:
@@ -57,16 +58,18 @@ def lookup(key: dict[str, Any], path: Path | None = None) -> dict[str, Any] | No
     return None
 
 
-def save(key: dict[str, Any], figures: dict[str, Any], path: Path | None = None) -> Path:
-    """Merge ``figures`` into the record of ``key`` (replacing a stale record of the same GPU)
-    and write the store atomically, mode 0600."""
+def save(
+    key: dict[str, Any], figures: dict[str, Any], path: Path | None = None, identity: str = "gpu"
+) -> Path:
+    """Merge ``figures`` into the record of ``key`` (replacing a stale record of the same
+    machine: the same ``key[identity]``) and write the store atomically, mode 0600."""
     path = path or store_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    records = [r for r in load_records(path) if r["key"].get("gpu") != key.get("gpu")]
+    records = [r for r in load_records(path) if r["key"].get(identity) != key.get(identity)]
     old = lookup(key, path) or {}
     today = datetime.date.today().isoformat()
     records.append({"key": key, "figures": {**old.get("figures", {}), **figures}, "date": today})
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".devices-", suffix=".json")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".json")
     try:
         with os.fdopen(fd, "w") as f:  # mkstemp creates it 0600
             json.dump({"records": records}, f, indent=1, sort_keys=True)

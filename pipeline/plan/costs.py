@@ -4,11 +4,15 @@ thing done to a stored chunk -- fetching an input's, decoding it, encoding OUT's
 writes them, with the machine's name, to ``pipeline/plan/calibration.py``, which the planner
 reads. A chunk's fixed cost is what makes 64x64 chunks slow: per byte they cost what big ones
 do, but each also pays a file open, a request, zarr's bookkeeping.
+
+Another host plans with the same constants scaled by ``for_host``: three quick figures
+(``HostProbe``: one BLAS thread's rate, zstd's decode rate, a piece of interpreter work)
+measured there and on the calibration host, each scaling the costs it stands for.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -22,6 +26,24 @@ class ChunkCost:
 
     def seconds(self, chunks: float, nbytes: float) -> float:
         return chunks * self.per_chunk + nbytes * self.per_byte
+
+    def times(self, per_chunk: float, per_byte: float) -> ChunkCost:
+        """This cost with its fixed part times ``per_chunk`` and its rate times ``per_byte``."""
+        return ChunkCost(self.per_chunk * per_chunk, self.per_byte * per_byte)
+
+
+@dataclass(frozen=True)
+class HostProbe:
+    """A host's quick figures (pipeline.host_probe measures them in about a second): what
+    scales the calibrated costs from the calibration host to another."""
+
+    flops_per_second: float
+    """One BLAS thread's float32 rate while every core runs one."""
+    decode_per_byte: float
+    """One thread's zstd decode seconds per decoded byte."""
+    python_seconds: float
+    """One thread's CPU seconds for a fixed piece of interpreter work (what a chunk's fixed
+    cost and a task's are made of: Python, asyncio, zarr's bookkeeping)."""
 
 
 @dataclass(frozen=True)
@@ -53,3 +75,48 @@ class CostModel:
     """The CPU the figures were measured on (lscpu's model name and core count)."""
     measured: str = ""
     """When and with what command."""
+    probe: HostProbe | None = None
+    """The calibration host's quick figures (None: this model is not scaled to other hosts)."""
+
+
+LIMITS = (0.1, 10.0)
+"""The widest a host's figures may scale the model: a probe beyond is taken as noise."""
+
+
+def host_factors(reference: HostProbe, host: HostProbe) -> dict[str, float]:
+    """How many times the calibration host's seconds a host takes: ``product`` (BLAS and
+    the passes over the accumulator), ``decode`` (zstd per byte), ``python`` (per chunk,
+    per task, setup)."""
+    ratios = {
+        "product": reference.flops_per_second / host.flops_per_second,
+        "decode": host.decode_per_byte / reference.decode_per_byte,
+        "python": host.python_seconds / reference.python_seconds,
+    }
+    return {k: min(max(v, LIMITS[0]), LIMITS[1]) for k, v in ratios.items()}
+
+
+def for_host(costs: CostModel, host: HostProbe) -> CostModel:
+    """``costs`` scaled to the host whose quick figures are ``host`` (unchanged when the model
+    has no reference figures). Each figure stands for the costs it measures: the product rate
+    for the BLAS terms, zstd for decoding bytes, the interpreter for every fixed cost."""
+    if costs.probe is None:
+        return costs
+    f = host_factors(costs.probe, host)
+    product, decode, python = f["product"], f["decode"], f["python"]
+    return replace(
+        costs,
+        read=costs.read.times(python, 1.0),
+        decode=costs.decode.times(python, decode),
+        encode=costs.encode.times(python, 1.0),
+        encode_compressed=costs.encode_compressed.times(python, 1.0),
+        write=costs.write.times(python, 1.0),
+        flops_per_second=costs.flops_per_second / product,
+        accumulate_per_byte=costs.accumulate_per_byte * product,
+        allocate_per_byte=costs.allocate_per_byte * product,
+        task_seconds=costs.task_seconds * python,
+        setup_seconds=costs.setup_seconds * python,
+        machine=(
+            f"{costs.machine}, scaled to this host (product x{product:.2f}, "
+            f"decode x{decode:.2f}, per chunk x{python:.2f})"
+        ),
+    )

@@ -16,6 +16,7 @@ import numpy as np
 
 from kernels.device.buffers import group_bytes
 from pipeline.plan.calibration import COSTS
+from pipeline.plan.costs import CostModel
 
 DECODE_BYTES_PER_SECOND = 0.6e9
 """Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
@@ -88,21 +89,24 @@ def resource_seconds(
     flops_fraction: float,
     compute_dtype: str,
     decode_threads: int,
+    costs: CostModel | None = None,
 ) -> dict[str, float]:
-    """Modelled busy seconds of each resource of one worker."""
+    """Modelled busy seconds of each resource of one worker (``costs``: the host's, default
+    the calibration's)."""
+    costs = costs or COSTS
     kernel = work.flops / (device.flops(compute_dtype) * flops_fraction)
     if device.decodes_chunks:  # the host only reads; decoding shares the device with the gemms
         kernel += work.read_bytes / device.decode_bytes_per_second
     threads = max(decode_threads, 1)
     decoded = work.decoded_bytes or work.read_bytes
-    fetched = COSTS.read.seconds(work.read_chunks, decoded)
-    stored = COSTS.encode.seconds(work.write_chunks, work.write_bytes)
-    stored += COSTS.write.seconds(work.write_chunks, work.write_bytes)
+    fetched = costs.read.seconds(work.read_chunks, decoded)
+    stored = costs.encode.seconds(work.write_chunks, work.write_bytes)
+    stored += costs.write.seconds(work.write_chunks, work.write_bytes)
     return {
         "storage": fetched / threads,  # calibrated (pipeline.plan.calibration)
         "decode": 0.0
         if device.decodes_chunks
-        else COSTS.decode.seconds(work.read_chunks, decoded) / threads,
+        else costs.decode.seconds(work.read_chunks, decoded) / threads,
         "host-to-device": work.copy_bytes / device.h2d_bytes_per_second,
         "kernel": kernel,
         "write": stored / threads,

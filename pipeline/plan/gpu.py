@@ -70,7 +70,9 @@ def with_device(
         decoded_bytes=share * counted.read_bytes,
         write_chunks=share * counted.out_chunks,
     )
-    seconds = resource_seconds(work, timed, flops_fraction, plan.compute_dtype, decode_threads)
+    seconds = resource_seconds(
+        work, timed, flops_fraction, plan.compute_dtype, decode_threads, plan.costs
+    )
     # Each task fills its pipeline (first panels decoded and copied: the device waits) and
     # drains it (the last band written after the kernel), so fewer, bigger tiles fill less.
     decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from pipeline.plan.calibration import COSTS
+from pipeline.plan.costs import CostModel
 from pipeline.plan.device import DeviceModel
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.model import Work, chunks_per_pass, grouped, makespan, resource_seconds
@@ -73,6 +74,13 @@ class MatmulPlan:
     precision: str = "fp32"
     """The kernel's arithmetic (kernels.backends.PRECISIONS): fp32, or TF32 / 3xTF32 tensor
     cores; stated by --dry-run, fingerprinted, recorded in OUT (the rates stay fp32's)."""
+    costs: CostModel | None = None
+    """The host's cost model (plan.costs.for_host); None: the calibration's as committed."""
+
+    @property
+    def cost_model(self) -> CostModel:
+        """The constants this plan's seconds are modelled with."""
+        return self.costs or replace(COSTS, task_seconds=TASK_OVERHEAD_SECONDS)
 
     @property
     def panel_width(self) -> int:
@@ -247,7 +255,7 @@ def cpu_work(plan: MatmulPlan) -> Work:
 
 def cpu_resource_seconds(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
     """A CPU plan's modelled thread-seconds per resource of one worker (its threads shared)."""
-    seconds = resource_seconds(cpu_work(plan), replace(COSTS, task_seconds=TASK_OVERHEAD_SECONDS))
+    seconds = resource_seconds(cpu_work(plan), plan.cost_model)
     share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # the busiest worker's
     return tuple((name, value * share) for name, value in seconds.items())
 

@@ -14,6 +14,7 @@ import numpy as np
 
 from kernels.backends import CPU, CPU_GEMM_BLOCK, get_backend
 from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
+from pipeline.plan.costs import CostModel
 from pipeline.plan.device import DeviceModel
 from pipeline.plan.gpu import first_band_rows, fits, with_device
 from pipeline.plan.layout import output_spec
@@ -78,6 +79,7 @@ def plan_matmul(
     limits: PlanLimits | None = None,
     transposed: tuple[bool, bool] = (False, False),
     symmetric: bool = False,
+    costs: CostModel | None = None,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
@@ -91,7 +93,8 @@ def plan_matmul(
     ``limits``: the most tasks and K panels per task (PlanLimitError beyond them);
     ``a`` and ``b`` are the operands as used: ``transposed`` says which are read transposed
     (the memory model counts the copy that places them); ``symmetric``: a Gram product
-    (op(B) = op(A)ᵀ), square tiles, only those on and above the diagonal.
+    (op(B) = op(A)ᵀ), square tiles, only those on and above the diagonal; ``costs``: the
+    host's cost model (plan.costs.for_host), default the calibration's as committed.
     """
     _check_operands(a, b)
     if workers < 1 or threads_per_worker < 1:
@@ -126,6 +129,7 @@ def plan_matmul(
         "transposed": transposed,
         "symmetric": symmetric,
         "prior": (output or OutputSpec()).accumulate,
+        "costs": costs,
     }
     best: tuple[tuple[float, int], MatmulPlan] | None = None
     smallest: MatmulPlan | None = None

@@ -1,0 +1,152 @@
+"""This host's cost model: the calibration's constants (pipeline.plan.calibration, fitted on
+one machine) scaled by three quick figures measured here (pipeline.plan.costs.HostProbe).
+
+A BLAS thread, zstd and the interpreter run at different speeds on different CPUs (an EPYC's
+sgemm thread is half a Xeon's), so constants fitted on one machine planned another's jobs
+1.5x off. ``benchmarks.calibrate`` records the same figures for the calibration host; here
+they are measured once per host (about a second) and saved with the other machine figures in
+``$XDG_CACHE_HOME/tilegemm/hosts.json`` (kernels.device.figures: atomic, mode 0600, a file
+others may write is ignored), keyed by the CPU, the core count, the BLAS and the Python.
+
+The figures are this process's host's: a job on an existing scheduler is planned with them
+too, which is right when its workers run on machines like this one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pipeline import settings
+from pipeline.plan.calibration import COSTS
+from pipeline.plan.costs import CostModel, HostProbe, for_host
+
+FILE_NAME = "hosts.json"
+GEMM_SIDE = 1024
+ZSTD_SIDE = 1024
+
+
+def host_costs() -> CostModel | None:
+    """The cost model to plan with on this host; None when ``tilegemm.host-probe`` is false
+    (the calibration's constants as committed)."""
+    if not settings.get("host-probe"):
+        return None
+    return for_host(COSTS, host_figures())
+
+
+def host_figures(path: Path | None = None) -> HostProbe:
+    """This host's figures: saved ones for its key, else measured now and saved."""
+    from kernels.device.figures import lookup, save, store_path
+
+    path = path or store_path(FILE_NAME)
+    key = host_key()
+    record = lookup(key, path)
+    try:
+        if record is not None:
+            return HostProbe(**record["figures"])
+    except TypeError:  # an older record's fields: measure again
+        pass
+    probe = measure()
+    with contextlib.suppress(OSError):  # a read-only home: measured again next time
+        save(key, vars(probe), path, identity="host")
+    return probe
+
+
+def host_key() -> dict[str, Any]:
+    """What the figures depend on: the CPU, its cores, the BLAS library, the interpreter."""
+    from threadpoolctl import threadpool_info
+
+    blas = sorted(
+        f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
+        for i in threadpool_info()
+        if i.get("user_api") == "blas"
+    )
+    return {
+        "host": cpu_name(),
+        "cores": os.cpu_count() or 1,
+        "blas": blas,
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+    }
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def measure(repeats: int = 20) -> HostProbe:
+    """The three figures, each the best of ``repeats`` (half that for the gemm) in CPU
+    seconds, after a first run: best of 5 varied 1.5x between calls on a 2-core VM, best of
+    20 within 10 %."""
+    interpreter_work()
+    return HostProbe(
+        flops_per_second=gemm_rate(max(repeats // 2, 1)),
+        decode_per_byte=zstd_decode_per_byte(repeats),
+        python_seconds=best_cpu_seconds(interpreter_work, repeats, time.thread_time),
+    )
+
+
+def best_cpu_seconds(
+    run: Callable[[], Any], repeats: int, clock: Callable[[], float] = time.process_time
+) -> float:
+    """The least of ``repeats`` runs on ``clock`` (default: this process's CPU seconds)."""
+    times = []
+    for _ in range(repeats):
+        start = clock()
+        run()
+        times.append(clock() - start)
+    return max(min(times), 1e-9)
+
+
+def gemm_rate(repeats: int) -> float:
+    """One BLAS thread's sgemm rate while every core runs one (as a job's tasks do)."""
+    from threadpoolctl import threadpool_limits
+
+    rng = np.random.default_rng(1)
+    a = rng.random((GEMM_SIDE, GEMM_SIDE), dtype=np.float32)
+    b = rng.random((GEMM_SIDE, GEMM_SIDE), dtype=np.float32)
+    cores = os.cpu_count() or 1
+    with threadpool_limits(1, "blas"), ThreadPoolExecutor(cores) as pool:
+
+        def all_cores() -> None:
+            list(pool.map(lambda _: a @ b, range(cores)))
+
+        all_cores()  # threads started, pages touched
+        seconds = best_cpu_seconds(all_cores, repeats)
+    return cores * 2 * GEMM_SIDE**3 / seconds
+
+
+def zstd_decode_per_byte(repeats: int) -> float:
+    """One thread's seconds per byte decoding a zstd frame of float32 noise (the inputs'
+    usual codec, as zarr writes it)."""
+    from numcodecs import Zstd
+
+    data = np.random.default_rng(2).uniform(-1, 1, (ZSTD_SIDE, ZSTD_SIDE)).astype(np.float32)
+    codec = Zstd(level=0)
+    frame = codec.encode(data)
+    out = np.empty(data.nbytes, dtype=np.uint8)
+    seconds = best_cpu_seconds(lambda: codec.decode(frame, out), repeats, time.thread_time)
+    return seconds / data.nbytes
+
+
+def interpreter_work() -> int:
+    """A fixed piece of Python: calls, tuples, dicts and strings, as a chunk's bookkeeping."""
+    table: dict[tuple[int, str], list[int]] = {}
+    for i in range(20_000):
+        table[(i, f"c/{i}")] = [i, i + 1]
+    return sum(len(v) for v in table.values())
