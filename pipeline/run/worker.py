@@ -104,12 +104,16 @@ def tile_product_write(
                 crc[0] = mirror.write_band(out, tile, band, data, crc[0])
                 return
             rows = (first + band[0], first + band[1])
+            chain = zlib.crc32(data.data, crc[0])
+            if journaled and rows[1] < tile.rows[1]:  # the last band: the tile's entry
+                # Journaled before the write: a kill between the two leaves an entry whose
+                # crc the stored rows do not give (--resume computes them again), and one
+                # after the write keeps the band, so no stored band is lost to the journal.
+                entry = {"fingerprint": spec.fingerprint, "chain": chain}
+                spec.journal.journal_band(tile.index, rows, entry)
             if data.size:
                 out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
-            crc[0] = zlib.crc32(data.data, crc[0])
-            if journaled and rows[1] < tile.rows[1]:  # the last band: the tile's entry
-                entry = {"fingerprint": spec.fingerprint, "chain": crc[0]}
-                spec.journal.journal_band(tile.index, rows, entry)
+            crc[0] = chain
 
     # One writer thread: bands are written (and their crc chained) in row order.
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:

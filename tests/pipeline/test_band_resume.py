@@ -40,16 +40,21 @@ def _bands(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_bytes()) for p in sorted((out / "journal").glob("band-*.json"))]
 
 
-def _fail_after_bands(monkeypatch: pytest.MonkeyPatch, bands: int) -> None:
-    """The task dies right after journaling ``bands`` bands (a kill between two bands)."""
+def _fail_after_bands(
+    monkeypatch: pytest.MonkeyPatch, bands: int, journaled: bool = False
+) -> None:
+    """The task dies once ``bands`` bands are written (a kill between two bands), as the next
+    band is journaled: before its entry, or (``journaled``) after it and before its write."""
     from pipeline.store.output import Output
 
     real, calls = Output.journal_band, {"n": 0}
 
     def journal_band(self: Output, *args: Any) -> None:
-        real(self, *args)
         calls["n"] += 1
-        if calls["n"] == bands:
+        if calls["n"] == bands + 1 and not journaled:
+            raise RuntimeError("killed between two bands")
+        real(self, *args)
+        if calls["n"] == bands + 1:
             raise RuntimeError("killed between two bands")
 
     monkeypatch.setattr(Output, "journal_band", journal_band)
@@ -93,15 +98,34 @@ def test_resume_computes_only_the_unwritten_rows(
 ) -> None:
     a_url, b_url, a, b = _inputs(tmp_path)
     out = _stopped_after_3_bands(a_url, b_url, tmp_path / "c.zarr", monkeypatch, one_worker)
-    # the writer thread may finish the band it had queued before the task ends
     written = sorted(e["rows"] for e in _bands(out))
-    assert written[:3] == [[0, 256], [256, 512], [512, 768]] and len(written) <= 4, written
+    assert written == [[0, 256], [256, 512], [512, 768]], written
     seen = _computed_rows(monkeypatch)
     result = multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128), resume=True)
     assert result.plan.n_tiles == 1 and seen == [(written[-1][1], M)], "the unwritten rows only"
     assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
     assert _bands(out) == [], "band entries are dropped once the job completes"
     assert dict(zarr.open_array(str(out)).attrs)["tilegemm"]["complete"] is True
+
+
+def test_a_band_journaled_but_not_written_is_computed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_worker: Client
+) -> None:
+    """A band's entry is recorded before its write: a task killed between the two leaves an
+    entry whose crc32 the stored rows do not give; the resume keeps the bands before it."""
+    a_url, b_url, a, b = _inputs(tmp_path)
+    out = tmp_path / "c.zarr"
+    _fail_after_bands(monkeypatch, 3, journaled=True)
+    with pytest.raises(Exception, match="between two bands"):
+        multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128))
+    monkeypatch.undo()
+    assert sorted(e["rows"] for e in _bands(out))[-1] == [768, 1024], "the entry went first"
+    assert np.isnan(zarr.open_array(str(out), mode="r")[768:1024]).all(), "and no write"
+    seen = _computed_rows(monkeypatch)
+    multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128), resume=True)
+    assert seen == [(768, M)], seen
+    assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
+    assert _bands(out) == []
 
 
 def test_a_band_changed_since_is_computed_again(
@@ -168,8 +192,9 @@ def test_accumulation_resumed_mid_tile_adds_once(
 
 
 def test_kill_9_mid_tile_then_resume(tmp_path: Path) -> None:
-    """Real processes: the CLI SIGKILLed once some bands of its tiles are journaled; the
-    resumed run keeps them (the log says how many rows) and the product is exact."""
+    """Real processes: the CLI SIGKILLed once a tile has journaled two bands (so its first is
+    written: entries go ahead of their writes); the resumed run keeps the written bands (the
+    log says how many rows) and the product is exact."""
     rng = np.random.default_rng(6)
     a, b = random_matrix(rng, (4096, 512), "float32"), random_matrix(rng, (512, 1024), "float32")
     a_url = write_array(tmp_path / "a.zarr", a, (256, 256))
@@ -178,7 +203,7 @@ def test_kill_9_mid_tile_then_resume(tmp_path: Path) -> None:
     argv = multiply_argv(a_url, b_url, out, "--chunks", "128x128")
     with job(argv, tmp_path / "killed") as proc:
         deadline = time.monotonic() + 240
-        while len(list((out / "journal").glob("band-*.json"))) < 2:
+        while max(_entries_per_tile(out).values(), default=0) < 2:
             assert proc.poll() is None, (tmp_path / "killed.err").read_text()
             assert time.monotonic() < deadline
             time.sleep(0.002)
@@ -189,3 +214,12 @@ def test_kill_9_mid_tile_then_resume(tmp_path: Path) -> None:
     assert "written row(s)" in done.stderr, done.stderr
     assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
     assert not list((out / "journal").glob("band-*.json"))
+
+
+def _entries_per_tile(out: Path) -> dict[str, int]:
+    """Band entries in OUT's journal, by tile (band-I-J-ROW.json)."""
+    count: dict[str, int] = {}
+    for p in (out / "journal").glob("band-*.json"):
+        tile = p.name.rsplit("-", 1)[0]
+        count[tile] = count.get(tile, 0) + 1
+    return count

@@ -213,7 +213,8 @@ def test_a_failed_band_write_fails_the_tile_unjournaled(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A band write that fails (disk full, lost connection) must fail the tile task with that
-    error, and leave no entry for the tile or the failed band, so --resume recomputes them."""
+    error and leave no entry for the tile: the failed band's entry (journaled ahead of its
+    write) names a crc32 its rows do not give, so --resume keeps the first band only."""
     from pipeline.plan import row_bands
     from pipeline.run import worker
     from pipeline.store.output import Output
@@ -237,6 +238,6 @@ def test_a_failed_band_write_fails_the_tile_unjournaled(
     monkeypatch.setattr(Output, "writable", lambda self, token: FailsSecondBand())
     with pytest.raises(OSError, match="No space left"):
         worker.tile_product_write(spec, tile, plan.k_groups()[0])
-    # no tile entry; a band entry only for the band written before the failure
+    # no tile entry; band entries for the band written and the one that failed, no later one
     journal = sorted(p.name for p in (out / "journal").iterdir())
-    assert journal == ["band-0-0-0.json"], journal
+    assert journal == ["band-0-0-0.json", "band-0-0-256.json"], journal
