@@ -40,9 +40,7 @@ def _bands(out: Path) -> list[dict[str, Any]]:
     return [json.loads(p.read_bytes()) for p in sorted((out / "journal").glob("band-*.json"))]
 
 
-def _fail_after_bands(
-    monkeypatch: pytest.MonkeyPatch, bands: int, journaled: bool = False
-) -> None:
+def _fail_after_bands(monkeypatch: pytest.MonkeyPatch, bands: int, journaled: bool = False) -> None:
     """The task dies once ``bands`` bands are written (a kill between two bands), as the next
     band is journaled: before its entry, or (``journaled``) after it and before its write."""
     from pipeline.store.output import Output
