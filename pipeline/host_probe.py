@@ -14,7 +14,8 @@ too, which is right when its workers run on machines like this one.
 
 from __future__ import annotations
 
-import contextlib
+import json
+import math
 import os
 import platform
 import time
@@ -30,6 +31,8 @@ from pipeline.plan.calibration import COSTS
 from pipeline.plan.costs import CostModel, HostProbe, for_host
 
 FILE_NAME = "hosts.json"
+UNSAVED: dict[tuple[str, str], HostProbe] = {}
+"""Figures this process measured but could not save (a read-only home): measured once."""
 GEMM_SIDE = 1024
 ZSTD_SIDE = 1024
 
@@ -49,15 +52,29 @@ def host_figures(path: Path | None = None) -> HostProbe:
     path = path or store_path(FILE_NAME)
     key = host_key()
     record = lookup(key, path)
-    try:
-        if record is not None:
-            return HostProbe(**record["figures"])
-    except TypeError:  # an older record's fields: measure again
-        pass
+    saved = _valid(record["figures"]) if record is not None else None
+    if saved is not None:
+        return saved
+    unsaved = (str(path), json.dumps(key, sort_keys=True))
+    if unsaved in UNSAVED:
+        return UNSAVED[unsaved]
     probe = measure()
-    with contextlib.suppress(OSError):  # a read-only home: measured again next time
+    try:
         save(key, vars(probe), path, identity="host")
+    except OSError:  # a read-only home: kept for this process only
+        UNSAVED[unsaved] = probe
     return probe
+
+
+def _valid(figures: Any) -> HostProbe | None:
+    """Saved figures as a HostProbe, or None when they are not three positive numbers (an
+    older record's fields, a file edited by hand): measured again."""
+    try:
+        probe = HostProbe(**figures)
+        values = [float(v) for v in vars(probe).values()]
+    except (TypeError, ValueError):
+        return None
+    return probe if all(math.isfinite(v) and v > 0 for v in values) else None
 
 
 def host_key() -> dict[str, Any]:

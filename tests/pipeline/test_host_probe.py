@@ -148,6 +148,41 @@ def test_a_file_others_can_write_is_measured_over(
     assert measure.calls == 2
 
 
+@pytest.mark.parametrize(
+    "figures",
+    [
+        {"flops_per_second": 0.0, "decode_per_byte": 1e-9, "python_seconds": 0.01},
+        {"flops_per_second": 1e11, "decode_per_byte": float("nan"), "python_seconds": 0.01},
+        {"flops_per_second": 1e11, "decode_per_byte": 1e-9, "python_seconds": "fast"},
+        {"flops_per_second": 1e11},  # an older record's fields
+    ],
+)
+def test_saved_figures_that_are_not_positive_numbers_are_measured_again(
+    monkeypatch: pytest.MonkeyPatch, figures: dict[str, object]
+) -> None:
+    from kernels.device.figures import save, store_path
+
+    save(host_probe.host_key(), figures, store_path("hosts.json"), identity="host")
+    measure = Counting(REFERENCE)
+    monkeypatch.setattr(host_probe, "measure", measure)
+    assert host_probe.host_figures() == REFERENCE and measure.calls == 1
+
+
+def test_a_read_only_cache_measures_once_per_process(
+    cache_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    measure = Counting(REFERENCE)
+    monkeypatch.setattr(host_probe, "measure", measure)
+    monkeypatch.setattr(host_probe, "UNSAVED", {})
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise PermissionError("read-only file system")
+
+    monkeypatch.setattr("kernels.device.figures.save", refuse)
+    assert host_probe.host_figures() == host_probe.host_figures() == REFERENCE
+    assert measure.calls == 1 and not (cache_home / "tilegemm" / "hosts.json").exists()
+
+
 def test_host_costs_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(host_probe, "COSTS", MODEL)
     monkeypatch.setattr(host_probe, "measure", Counting(replace(REFERENCE, python_seconds=0.03)))
