@@ -4,9 +4,10 @@ one machine) scaled by three quick figures measured here (pipeline.plan.costs.Ho
 A BLAS thread, zstd and the interpreter run at different speeds on different CPUs (an EPYC's
 sgemm thread is half a Xeon's), so constants fitted on one machine planned another's jobs
 1.5x off. ``benchmarks.calibrate`` records the same figures for the calibration host; here
-they are measured once per host (about a second) and saved with the other machine figures in
+they are measured once per host (about 0.7 s) and saved with the other machine figures in
 ``$XDG_CACHE_HOME/tilegemm/hosts.json`` (kernels.device.figures: atomic, mode 0600, a file
-others may write is ignored), keyed by the CPU, the core count, the BLAS and the Python.
+others may write is ignored), keyed by the CPU, the usable cores, numpy's BLAS and the Python.
+Measured on a busy machine they are kept all the same: delete the file to measure again.
 
 The figures are this process's host's: a job on an existing scheduler is planned with them
 too, which is right when its workers run on machines like this one.
@@ -21,6 +22,7 @@ import platform
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +54,7 @@ def host_figures(path: Path | None = None) -> HostProbe:
     path = path or store_path(FILE_NAME)
     key = host_key()
     record = lookup(key, path)
-    saved = _valid(record["figures"]) if record is not None else None
+    saved = _valid(record.get("figures")) if record is not None else None
     if saved is not None:
         return saved
     unsaved = (str(path), json.dumps(key, sort_keys=True))
@@ -60,7 +62,7 @@ def host_figures(path: Path | None = None) -> HostProbe:
         return UNSAVED[unsaved]
     probe = measure()
     try:
-        save(key, vars(probe), path, identity="host")
+        save(key, vars(probe), path, identity=None)
     except OSError:  # a read-only home: kept for this process only
         UNSAVED[unsaved] = probe
     return probe
@@ -70,29 +72,38 @@ def _valid(figures: Any) -> HostProbe | None:
     """Saved figures as a HostProbe, or None when they are not three positive numbers (an
     older record's fields, a file edited by hand): measured again."""
     try:
-        probe = HostProbe(**figures)
-        values = [float(v) for v in vars(probe).values()]
-    except (TypeError, ValueError):
+        values = {f.name: float(figures[f.name]) for f in fields(HostProbe)}
+    except (TypeError, ValueError, KeyError):
         return None
-    return probe if all(math.isfinite(v) and v > 0 for v in values) else None
+    if not all(math.isfinite(v) and v > 0 for v in values.values()):
+        return None
+    return HostProbe(**values)
 
 
 def host_key() -> dict[str, Any]:
-    """What the figures depend on: the CPU, its cores, the BLAS library, the interpreter."""
-    from threadpoolctl import threadpool_info
-
-    blas = sorted(
-        f"{i.get('internal_api')} {i.get('version')} {i.get('architecture')}"
-        for i in threadpool_info()
-        if i.get("user_api") == "blas"
-    )
+    """What the figures depend on: the CPU, the cores this process may use, numpy's own BLAS
+    (not whatever else the process loaded: scipy's or torch's would change the key), the
+    interpreter."""
+    try:
+        blas = np.__config__.CONFIG["Build Dependencies"]["blas"]
+        blas_id = f"{blas.get('name')} {blas.get('version')}"
+    except (AttributeError, KeyError, TypeError):
+        blas_id = "unknown"
     return {
         "host": cpu_name(),
-        "cores": os.cpu_count() or 1,
-        "blas": blas,
+        "cores": usable_cores(),
+        "blas": blas_id,
         "python": platform.python_version(),
         "numpy": np.__version__,
     }
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity; a container's pinning), else all."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def cpu_name() -> str:
@@ -137,7 +148,7 @@ def gemm_rate(repeats: int) -> float:
     rng = np.random.default_rng(1)
     a = rng.random((GEMM_SIDE, GEMM_SIDE), dtype=np.float32)
     b = rng.random((GEMM_SIDE, GEMM_SIDE), dtype=np.float32)
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     with threadpool_limits(1, "blas"), ThreadPoolExecutor(cores) as pool:
 
         def all_cores() -> None:

@@ -154,7 +154,7 @@ SETTINGS = {
         Setting(
             "host-probe", True, "true or false",
             "scale the calibrated cost model to this host by its BLAS, zstd and Python speed "
-            "(measured once, about a second; saved in $XDG_CACHE_HOME/tilegemm/hosts.json); "
+            "(measured once, about 0.7 s; saved in $XDG_CACHE_HOME/tilegemm/hosts.json); "
             "false: the calibration's constants as committed",
             _flag, "true",
         ),

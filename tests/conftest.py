@@ -33,7 +33,8 @@ import dask  # noqa: E402
 import pytest  # noqa: E402
 from distributed import Client, LocalCluster  # noqa: E402
 
-dask.config.set(worker_config())  # in case a plugin imported dask before the variables were set
+# in case a plugin imported dask before the variables were set
+dask.config.set({**worker_config(), "tilegemm.host-probe": False})
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -59,13 +59,21 @@ def lookup(key: dict[str, Any], path: Path | None = None) -> dict[str, Any] | No
 
 
 def save(
-    key: dict[str, Any], figures: dict[str, Any], path: Path | None = None, identity: str = "gpu"
+    key: dict[str, Any],
+    figures: dict[str, Any],
+    path: Path | None = None,
+    identity: str | None = "gpu",
 ) -> Path:
     """Merge ``figures`` into the record of ``key`` (replacing a stale record of the same
-    machine: the same ``key[identity]``) and write the store atomically, mode 0600."""
+    machine: the same ``key[identity]``; None: records of exactly this key only) and write
+    the store atomically, mode 0600."""
     path = path or store_path()
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    records = [r for r in load_records(path) if r["key"].get(identity) != key.get(identity)]
+    records = [
+        r
+        for r in load_records(path)
+        if (r["key"] != key if identity is None else r["key"].get(identity) != key.get(identity))
+    ]
     old = lookup(key, path) or {}
     today = datetime.date.today().isoformat()
     records.append({"key": key, "figures": {**old.get("figures", {}), **figures}, "date": today})

@@ -34,7 +34,7 @@ class ChunkCost:
 
 @dataclass(frozen=True)
 class HostProbe:
-    """A host's quick figures (pipeline.host_probe measures them in about a second): what
+    """A host's quick figures (pipeline.host_probe measures them in about 0.7 s): what
     scales the calibrated costs from the calibration host to another."""
 
     flops_per_second: float

@@ -70,9 +70,10 @@ def tile_product_write(
     resume: tuple[int, int] | None = None,
 ) -> TileStats:
     """The unsplit case: product and write in one task, so the tile never leaves the worker;
-    the last panel goes band by band and each finished band is written in a thread, then
-    journaled. ``resume`` (the first row not written, the crc32 of the rows before it): a
-    resumed tile computes only its unwritten rows."""
+    the last panel goes band by band and each finished band is journaled, then written, in a
+    thread (an entry ahead of its bytes: --resume keeps a band only if they give its crc32).
+    ``resume`` (the first row not written, the crc32 of the rows before it): a resumed tile
+    computes only its unwritten rows."""
     start = time.perf_counter()
     out = spec.output.writable(spec.fingerprint)
     clock = PhaseTimes()

@@ -276,7 +276,8 @@ class Output:
     def journal_band(
         self, index: tuple[int, int], rows: tuple[int, int], entry: dict[str, Any]
     ) -> None:
-        """Worker side: record a written band of a tile in flight (OUT's ``rows``)."""
+        """Worker side: record a band of a tile in flight (OUT's ``rows``) just before it is
+        written; --resume keeps it only if the stored rows give the entry's chained crc32."""
         name = journal.band_entry_name(index, rows[0])
         entry = {**entry, "index": list(index), "rows": list(rows)}
         write_bytes(self.url, name, json.dumps(entry).encode(), self.storage_options)

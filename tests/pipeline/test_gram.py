@@ -28,7 +28,6 @@ def many_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plans of several tiles for tiny products: no modelled cost per task (planning runs in
     this process)."""
     monkeypatch.setattr("pipeline.plan.matmul.TASK_OVERHEAD_SECONDS", 0.0)
-    monkeypatch.setattr("pipeline.plan.gpu.TASK_OVERHEAD_SECONDS", 0.0)
 
 
 def _gram(x: Any, rows: bool) -> tuple[Any, Any]:

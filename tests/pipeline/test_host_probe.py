@@ -130,11 +130,15 @@ def test_measured_once_per_host_then_read(
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     (record,) = json.loads(path.read_text())["records"]
     assert record["key"] == host_probe.host_key() and record["figures"] == vars(REFERENCE)
-    # another BLAS or Python on this host: measured again, the stale record replaced
-    monkeypatch.setattr(host_probe, "host_key", lambda: {**record["key"], "blas": ["other"]})
+    # another BLAS or Python on this host (another venv): measured for it, each kept
+    first = record["key"]
+    monkeypatch.setattr(host_probe, "host_key", lambda: {**first, "blas": "other 1.0"})
     measure.probe = replace(REFERENCE, flops_per_second=1e9)
     assert host_probe.host_figures().flops_per_second == 1e9 and measure.calls == 2
-    assert len(json.loads(path.read_text())["records"]) == 1
+    assert host_probe.host_figures().flops_per_second == 1e9 and measure.calls == 2
+    monkeypatch.setattr(host_probe, "host_key", lambda: first)
+    assert host_probe.host_figures() == REFERENCE and measure.calls == 2, "no eviction"
+    assert len(json.loads(path.read_text())["records"]) == 2
 
 
 def test_a_file_others_can_write_is_measured_over(
@@ -155,6 +159,7 @@ def test_a_file_others_can_write_is_measured_over(
         {"flops_per_second": 1e11, "decode_per_byte": float("nan"), "python_seconds": 0.01},
         {"flops_per_second": 1e11, "decode_per_byte": 1e-9, "python_seconds": "fast"},
         {"flops_per_second": 1e11},  # an older record's fields
+        {"flops_per_second": 1e11, "decode_per_byte": -1e-9, "python_seconds": 0.01},
     ],
 )
 def test_saved_figures_that_are_not_positive_numbers_are_measured_again(
@@ -166,6 +171,15 @@ def test_saved_figures_that_are_not_positive_numbers_are_measured_again(
     measure = Counting(REFERENCE)
     monkeypatch.setattr(host_probe, "measure", measure)
     assert host_probe.host_figures() == REFERENCE and measure.calls == 1
+
+
+def test_saved_figures_are_read_as_numbers_whatever_else_the_record_holds() -> None:
+    from kernels.device.figures import save, store_path
+
+    figures = {"flops_per_second": "1e11", "decode_per_byte": 1e-9, "python_seconds": 0.01}
+    save(host_probe.host_key(), {**figures, "added_later": 3}, store_path("hosts.json"), None)
+    got = host_probe.host_figures()
+    assert got == HostProbe(1e11, 1e-9, 0.01) and isinstance(got.flops_per_second, float)
 
 
 def test_a_read_only_cache_measures_once_per_process(
