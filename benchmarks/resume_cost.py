@@ -44,7 +44,9 @@ def _timed(argv: list[str]) -> tuple[float, float]:
 
 
 def _stored(out: Path) -> int:
-    return sum(1 for p in (out / "c").rglob("*") if p.is_file()) if (out / "c").exists() else 0
+    if not (out / "c").exists():
+        return 0
+    return sum(1 for p in (out / "c").rglob("*") if p.is_file() and p.suffix != ".partial")
 
 
 def _kill_at(argv: list[str], out: Path, chunks: int) -> int:

@@ -40,7 +40,7 @@ from pipeline.run.client import (
 from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive import warn_if_exposed
-from pipeline.store import accumulate, journal, resume
+from pipeline.store import accumulate, direct, journal, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
@@ -128,6 +128,8 @@ class MatmulJob:
                 release_panels(c, spec.run_id)
             usage = usage_since(c, before)
             self._check_finish(held, at_start)
+            if left := direct.remove_partials(local_path(self.output.url)):
+                log.info("removed %d temporary chunk file(s) a stopped task left", left)
             if opts.accumulate:  # C's metadata is not ours to mark
                 verified = self._finish_accumulation(c) if opts.verify else None
                 if verified is not False:

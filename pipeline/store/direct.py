@@ -17,6 +17,7 @@ import contextlib
 import errno
 import mmap
 import os
+import re
 import threading
 import uuid
 from pathlib import Path
@@ -75,6 +76,27 @@ def write_direct(path: Path, data: Any) -> bool:
             return False  # opened, but the file system refuses the writes themselves
         raise
     return True
+
+
+PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
+"""A chunk's temporary file as this module and zarr's LocalStore name it (uuid4 hex)."""
+
+
+def remove_partials(root: str | None) -> int:
+    """Remove the temporary chunk files a killed writer left under a local OUT's folder
+    ``root`` (a worker SIGKILLed mid-write: its task ran again elsewhere, the file stayed);
+    returns how many. Called once the job holding OUT's lock has written every tile; None (not
+    a local OUT): 0."""
+    if root is None:
+        return 0
+    removed = 0
+    for folder, _, names in os.walk(root):
+        for name in names:
+            if PARTIAL.search(name):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(folder, name))
+                    removed += 1
+    return removed
 
 
 def _write_all(fd: int, view: memoryview) -> None:

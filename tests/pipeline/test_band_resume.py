@@ -126,6 +126,22 @@ def test_a_band_journaled_but_not_written_is_computed_again(
     assert _bands(out) == []
 
 
+def test_a_completed_resume_leaves_no_temporary_chunk_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_worker: Client
+) -> None:
+    """A writer SIGKILLed mid-chunk leaves its temporary file (c/I/J.<uuid>.partial) in OUT;
+    the job that completes OUT removes it."""
+    a_url, b_url, a, b = _inputs(tmp_path)
+    out = _stopped_after_3_bands(a_url, b_url, tmp_path / "c.zarr", monkeypatch, one_worker)
+    partial = out / "c" / "7" / f"1.{'ab' * 16}.partial"
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_bytes(b"half a chunk")
+    multiply(a_url, b_url, str(out), client=one_worker, chunks=(128, 128), resume=True)
+    assert not partial.exists()
+    assert not [p for p in out.rglob("*") if p.name.endswith(".partial")]
+    assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
+
+
 def test_a_band_changed_since_is_computed_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, one_worker: Client
 ) -> None:

@@ -67,3 +67,22 @@ def test_workers_write_a_local_out_through_it(tmp_path: Path) -> None:
     zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="float32")
     assert isinstance(cached_array(url, {}, "job", writable=True).store, DirectLocalStore)
     assert not isinstance(cached_array(url, {}, "job").store, DirectLocalStore)  # inputs: read
+
+
+def test_remove_partials_takes_only_temporary_chunk_files(tmp_path: Path) -> None:
+    """What a writer killed mid-chunk leaves (ours or zarr's: name.<uuid4 hex>.partial) goes;
+    chunks, metadata and files merely named like it stay."""
+    hexname = "0123456789abcdef0123456789abcdef"
+    left = [tmp_path / "c" / "0" / f"1.{hexname}.partial", tmp_path / f"a.{hexname}.partial"]
+    kept = [
+        tmp_path / "c" / "0" / "1",
+        tmp_path / "zarr.json",
+        tmp_path / "c" / "0" / "2.partial",  # no uuid
+        tmp_path / "c" / "0" / f"3.{hexname[:-1]}.partial",  # 31 hex digits
+    ]
+    for path in left + kept:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"x")
+    assert direct.remove_partials(str(tmp_path)) == 2
+    assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
+    assert direct.remove_partials(None) == 0  # not a local OUT
