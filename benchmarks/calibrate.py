@@ -29,7 +29,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,6 +39,7 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from pipeline.generate import write_random
+from pipeline.host_probe import best_cpu_seconds as best_seconds
 from pipeline.host_probe import measure
 from pipeline.plan.costs import ChunkCost, CostModel, HostProbe
 from pipeline.plan.model import grouped
@@ -51,20 +51,6 @@ from pipeline.store.output import output_compressors
 SIDE = 2048
 SIZES = (64, 128, 256, 512, 1024, 2048)
 Sample = tuple[int, int, float]  # chunks, bytes, seconds
-
-
-def best_seconds(
-    run: Callable[[], Any], repeats: int, clock: Callable[[], float] = time.process_time
-) -> float:
-    """The least of ``repeats`` runs' seconds on ``clock``: by default this process's CPU
-    seconds (all its threads, user and system), which other work on a shared machine barely
-    changes, where the wall clock doubles under load."""
-    times = []
-    for _ in range(repeats):
-        start = clock()
-        run()
-        times.append(clock() - start)
-    return min(times)
 
 
 def fit(samples: list[Sample]) -> ChunkCost:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import shutil
 import statistics
@@ -30,6 +29,7 @@ from typing import Any
 
 from benchmarks.cpu_peers import make_inputs
 from pipeline.cputime import ROWS
+from pipeline.host_probe import cpu_name
 
 RESULTS = Path(__file__).parent / "results"
 BLAS_SCRIPT = """
@@ -160,13 +160,7 @@ def _cell(rows: dict[str, float], row: str) -> float:
 
 
 def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} x{_cores()}"
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
+    return f"{cpu_name()} x{_cores()}"
 
 
 def _cores() -> int:

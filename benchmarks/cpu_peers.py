@@ -28,6 +28,8 @@ from typing import Any
 
 import psutil
 
+from pipeline.host_probe import cpu_name
+
 RESULTS = Path(__file__).parent / "results"
 TOOLS = ("pipeline", "dask-threads", "dask-distributed", "numpy")
 PEER_SCRIPT = """
@@ -212,7 +214,7 @@ def write_results(stem: str, rows: list[dict[str, Any]], startup: float, args: A
         "",
         "user s, system s, minor faults: the whole run's process tree (medians), loading and "
         "start-up included (numpy's loading is not in its time but is in its CPU). "
-        f"CPU: {_cpu_model()}.",
+        f"CPU: {cpu_name()}.",
         "",
         "Pipeline summaries (last run):",
         *summaries,
@@ -244,16 +246,6 @@ def plot(stem: str, rows: list[dict[str, Any]]) -> None:
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{stem}.png", dpi=120)
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
 
 
 def _fmt(x: float | None) -> str:

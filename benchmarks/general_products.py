@@ -24,7 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.cpu_peers import RESULTS, _cpu_model, run_sampled
+from benchmarks.cpu_peers import RESULTS, run_sampled
+from pipeline.host_probe import cpu_name
 
 DASK = """
 import sys, time, json
@@ -120,7 +121,7 @@ def write_results(rows: list[dict[str, Any]], args: Any) -> None:
         f"# General products ({args.shape} float32, {args.chunk}² zstd chunks, medians of "
         f"{args.repeats})",
         "",
-        f"Command: `{command}`, {time.strftime('%Y-%m-%d %H:%M')}; CPU: {_cpu_model()}.",
+        f"Command: `{command}`, {time.strftime('%Y-%m-%d %H:%M')}; CPU: {cpu_name()}.",
         "",
         "| case | median s | runs | ratio | peak tree GiB | CPU s |",
         "|---|---|---|---|---|---|",
