@@ -40,7 +40,7 @@ from threadpoolctl import threadpool_limits
 
 from pipeline.generate import write_random
 from pipeline.host_probe import best_cpu_seconds as best_seconds
-from pipeline.host_probe import measure
+from pipeline.host_probe import gemm_rate, measure
 from pipeline.plan.costs import ChunkCost, CostModel, HostProbe
 from pipeline.plan.model import grouped
 from pipeline.store import chunk_read
@@ -123,23 +123,6 @@ def children_cpu() -> float:
     s wall on a 64² product), where the wall doubles under load."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def flops_per_second(repeats: int) -> float:
-    """One BLAS thread's sgemm rate while every core runs one (as a job's tasks do)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    rng = np.random.default_rng(1)
-    a = rng.random((2048, 2048), dtype=np.float32)
-    b = rng.random((2048, 2048), dtype=np.float32)
-    cores = os.cpu_count() or 1
-    with threadpool_limits(1, "blas"), ThreadPoolExecutor(cores) as pool:
-
-        def all_cores() -> None:
-            list(pool.map(lambda _: a @ b, range(cores)))
-
-        cpu_seconds = best_seconds(all_cores, repeats)  # of all the cores' threads
-    return cores * 2 * 2048**3 / cpu_seconds
 
 
 def accumulator_seconds(repeats: int) -> tuple[float, float]:
@@ -414,7 +397,7 @@ def main() -> None:
         fits.items(), (reads, decodes, raw, packed, stored), strict=True
     ):
         show(name, samples, cost)
-    flops = flops_per_second(args.repeats)
+    flops = gemm_rate(args.repeats, side=2048)  # the model's rate: job-sized blocks
     accumulate, allocate = accumulator_seconds(args.repeats)
     today = datetime.date.today().isoformat()
     costs = CostModel(

@@ -141,13 +141,14 @@ def best_cpu_seconds(
     return max(min(times), 1e-9)
 
 
-def gemm_rate(repeats: int) -> float:
-    """One BLAS thread's sgemm rate while every core runs one (as a job's tasks do)."""
+def gemm_rate(repeats: int, side: int = GEMM_SIDE) -> float:
+    """One BLAS thread's sgemm rate on ``side``² float32 while every core runs one (as a
+    job's tasks do); benchmarks.calibrate times job-sized 2048² blocks with it."""
     from threadpoolctl import threadpool_limits
 
     rng = np.random.default_rng(1)
-    a = rng.random((GEMM_SIDE, GEMM_SIDE), dtype=np.float32)
-    b = rng.random((GEMM_SIDE, GEMM_SIDE), dtype=np.float32)
+    a = rng.random((side, side), dtype=np.float32)
+    b = rng.random((side, side), dtype=np.float32)
     cores = usable_cores()
     with threadpool_limits(1, "blas"), ThreadPoolExecutor(cores) as pool:
 
@@ -156,7 +157,7 @@ def gemm_rate(repeats: int) -> float:
 
         all_cores()  # threads started, pages touched
         seconds = best_cpu_seconds(all_cores, repeats)
-    return cores * 2 * GEMM_SIDE**3 / seconds
+    return cores * 2 * side**3 / seconds
 
 
 def zstd_decode_per_byte(repeats: int) -> float:

@@ -4,8 +4,6 @@
 from pipeline.plan.dtypes import OUT_DTYPES, output_dtypes, result_dtype
 from pipeline.plan.layout import output_spec, parse_pair
 from pipeline.plan.matmul import (
-    DECODE_BYTES_PER_THREAD,
-    FLOPS_PER_THREAD,
     MatmulPlan,
     row_bands,
 )
@@ -20,8 +18,6 @@ from pipeline.plan.spec import ArraySpec, OutputSpec, StoreSpec, Tile
 from pipeline.plan.units import format_bytes, parse_size
 
 __all__ = [
-    "DECODE_BYTES_PER_THREAD",
-    "FLOPS_PER_THREAD",
     "MIN_TASKS",
     "OUT_DTYPES",
     "WORKER_OVERHEAD_BYTES",

@@ -18,10 +18,6 @@ from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.model import Work, chunks_per_pass, grouped, makespan, resource_seconds
 from pipeline.plan.spec import ArraySpec, KPanels, Tile
 
-FLOPS_PER_THREAD = COSTS.flops_per_second
-"""One thread's float32 multiply rate, in flop/s (calibrated; float64 half)."""
-DECODE_BYTES_PER_THREAD = 1 / (COSTS.read.per_byte + COSTS.decode.per_byte)
-"""One thread's read-and-decode rate of large chunks, in bytes/s (calibrated)."""
 TASK_OVERHEAD_SECONDS = COSTS.task_seconds
 """Scheduling, store opening and Python per task: favours fewer, bigger tasks on a tie."""
 REDUCE_BYTES_PER_SECOND = 2e9

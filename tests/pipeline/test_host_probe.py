@@ -16,25 +16,17 @@ from benchmarks.calibrate import source
 from pipeline import host_probe
 from pipeline.plan import ArraySpec, plan_matmul
 from pipeline.plan.calibration import COSTS
-from pipeline.plan.costs import LIMITS, ChunkCost, CostModel, HostProbe, for_host, host_factors
+from pipeline.plan.costs import LIMITS, ChunkCost, HostProbe, for_host, host_factors
 from pipeline.plan.model import Work, grouped, resource_seconds
 from tests.helpers import random_matrix, run_cli, write_array
+from tests.pipeline.test_model import COSTS as FIXED
 
 REFERENCE = HostProbe(flops_per_second=100e9, decode_per_byte=1e-9, python_seconds=0.01)
-MODEL = CostModel(
-    read=ChunkCost(20e-6, 0.1e-9),
-    decode=ChunkCost(30e-6, 1e-9),
-    encode=ChunkCost(150e-6, 0.5e-9),
-    encode_compressed=ChunkCost(400e-6, 0.4e-9),
-    write=ChunkCost(300e-6, 0.5e-9),
-    flops_per_second=80e9,
-    accumulate_per_byte=0.2e-9,
-    allocate_per_byte=0.15e-9,
-    task_seconds=0.007,
-    setup_seconds=0.5,
-    machine="Reference CPU, 2 cores",
+# test_model's constants, with a rate, a setup and a reference of their own
+MODEL = replace(
+    FIXED, flops_per_second=80e9, setup_seconds=0.5, machine="Reference CPU, 2 cores",
     probe=REFERENCE,
-)
+)  # fmt: skip
 WORK = Work(
     flops=2 * 4096**3, compute_itemsize=4, read_chunks=4096, read_bytes=2 * 4096**2 * 4,
     out_chunks=64, out_objects=64, out_bytes=4096**2 * 4, compressed=False, tasks=8,
