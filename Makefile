@@ -10,6 +10,9 @@ $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[test]'
+	# An editable install is not byte-compiled (a wheel is): without this, every CLI start
+	# compiles our ~100 modules again where PYTHONDONTWRITEBYTECODE is set (~0.15 s).
+	$(PY) -m compileall -q pipeline kernels cluster benchmarks > /dev/null
 	touch $@
 
 venv: $(VENV)/.installed

@@ -38,6 +38,7 @@ import numpy as np
 import zarr
 from threadpoolctl import threadpool_limits
 
+from benchmarks import byte_compile
 from pipeline.generate import write_random
 from pipeline.host_probe import best_cpu_seconds as best_seconds
 from pipeline.host_probe import gemm_rate, measure
@@ -369,6 +370,7 @@ def show(name: str, samples: list[Sample], cost: ChunkCost) -> None:
 
 
 def main() -> None:
+    byte_compile()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchmarks import byte_compile
 from pipeline.generate import write_random
 
 RESOURCES = ("product", "decode", "write")
@@ -158,6 +159,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 def main() -> None:
+    byte_compile()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--data", default="bench-data/model")

@@ -7,6 +7,10 @@ Where that library isn't found, numpy's matmul plus an add is the fallback. A pa
 transposed comes as a transposed view of the stored block, which BLAS reads as it is (its
 transpose flag), so no copy is made; a Gram product's diagonal tile is "upper": only blocks on
 and above its diagonal are computed, the diagonal ones with ?syrk (half the flops).
+
+A worker's tasks share its cores through one pool of gemm threads (``share_cores``): each call
+computes whole blocks, so a task alone at the end of a job (or a resumed tile with more rows
+left than its sibling) gets every idle core, with the same bytes as one thread would give.
 """
 
 from __future__ import annotations
@@ -15,6 +19,9 @@ import ctypes
 import functools
 import glob
 import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
 import numpy as np
@@ -29,6 +36,54 @@ _SYMBOLS = {
     "float64": ("scipy_cblas_dgemm64_", ctypes.c_double),
 }
 _SYRK = {"float32": "scipy_cblas_ssyrk64_", "float64": "scipy_cblas_dsyrk64_"}
+GEMM_THREAD = "gemm"
+"""Name prefix of the shared gemm threads (pipeline.cputime charges their seconds to the
+product)."""
+GROUPS_PER_THREAD = 4
+"""A call's blocks go to the pool in this many groups per thread: few enough that a small
+block's call is not all overhead, enough that the threads finish together."""
+_shared: list[Any] = [None, 1]  # [the pool or None, its threads]
+_shared_lock = threading.Lock()
+
+
+def share_cores(threads: int) -> None:
+    """Let this process's accumulators spread their blocks over ``threads`` shared threads
+    (a worker's task threads: at most that many gemm calls run at once, whatever the number
+    of tasks). 1: each task computes in its own thread."""
+    threads = max(int(threads), 1)
+    with _shared_lock:
+        if _shared[1] == threads:
+            return
+        # The old pool is dropped, not shut down: a task may still be submitting to it, and
+        # its idle threads end when it is collected.
+        pool = ThreadPoolExecutor(threads, thread_name_prefix=GEMM_THREAD) if threads > 1 else None
+        _shared[:] = [pool, threads]
+
+
+def _pool() -> tuple[ThreadPoolExecutor | None, int]:
+    with _shared_lock:
+        return _shared[0], _shared[1]
+
+
+def _run_all(calls: list[Callable[[], None]]) -> None:
+    """Run every call, spread over the shared pool when there is one; wait for all of them
+    before raising the first failure (none may still write into the accumulator after)."""
+    pool, threads = _pool()
+    if pool is None or len(calls) < 2:
+        for call in calls:
+            call()
+        return
+    groups = min(len(calls), threads * GROUPS_PER_THREAD)
+    bounds = [len(calls) * g // groups for g in range(groups + 1)]
+
+    def run(lo: int, hi: int) -> None:
+        for call in calls[lo:hi]:
+            call()
+
+    futures = [pool.submit(run, lo, hi) for lo, hi in zip(bounds, bounds[1:], strict=False)]
+    wait(futures)
+    for f in futures:
+        f.result()
 
 
 @functools.cache
@@ -151,12 +206,16 @@ class CpuAccumulator:
         if (m, n) != acc.shape or b.shape[0] != k:
             raise ValueError(f"panels {a.shape} @ {b.shape} don't fit accumulator rows {acc.shape}")
         (bm, bn) = self.block
-        for i in range(0, m, bm):
-            for j in range(0, n, bn):
-                h, w = min(bm, m - i), min(bn, n - j)
-                if self.upper and j + w <= r0 + i:
-                    continue  # below the diagonal: the mirror of a block computed above it
-                self._block(a[i : i + h], b[:, j : j + w], acc[i : i + h, j : j + w], r0 + i == j)
+        calls = [
+            functools.partial(
+                self._block, a[i : i + h], b[:, j : j + w], acc[i : i + h, j : j + w], r0 + i == j
+            )
+            for i in range(0, m, bm)
+            for j in range(0, n, bn)
+            for h, w in ((min(bm, m - i), min(bn, n - j)),)
+            if not (self.upper and j + w <= r0 + i)  # below the diagonal: a mirrored block
+        ]
+        _run_all(calls)
 
     def _block(self, a: NDArray[Any], b: NDArray[Any], out: NDArray[Any], diagonal: bool) -> None:
         """out += a @ b with one BLAS call (?syrk on an upper tile's diagonal block)."""

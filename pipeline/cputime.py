@@ -6,7 +6,8 @@ decoding a chunk, our copies, our side of writing) adds the *user* CPU-seconds o
 running it (``getrusage(RUSAGE_THREAD)``), wherever that thread is, zarr's threads included.
 Regions nest: an inner one's seconds go to its own kind only. zarr's own threads (its event
 loop and the pool it decodes and stores in) are read from /proc as a whole, less what our
-regions measured in them. Everything else is "other" (the interpreter, dask, the journal):
+regions measured in them; so are the CPU backend's shared gemm threads (kernels.cpu), all of
+whose seconds are the product. Everything else is "other" (the interpreter, dask, the journal):
 ``user = Σ kinds + zarr + other`` and the system seconds (page faults, file I/O, munmap) are
 one row of their own. Linux splits a thread's time into user and system by sampling at each
 scheduler tick (the sum is exact), so a kind is an estimate good to a few ticks: fine for
@@ -21,6 +22,8 @@ import resource
 import threading
 from collections.abc import Iterator
 
+from kernels.cpu import GEMM_THREAD
+
 KINDS = ("product", "decode", "copy", "write")
 """Kinds our code measures: the BLAS/GPU product, decoding stored chunks, our copies (out of
 the accumulator, into staging), our side of a write (casting, checksums)."""
@@ -30,6 +33,8 @@ copies and encoding), system time, everything else."""
 ZARR_THREADS = ("zarr_", "asyncio_")
 """Name prefixes of zarr's threads: its event loop (``zarr_io``), its pool or the loop's
 default executor, where it fetches, decodes, encodes and stores chunks."""
+GEMM_THREADS = (f"{GEMM_THREAD}_",)
+"""Name prefix of kernels.cpu's shared gemm threads: a task waits while they compute."""
 _TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
@@ -79,12 +84,13 @@ def _thread_user() -> float:
     return resource.getrusage(resource.RUSAGE_THREAD).ru_utime
 
 
-def zarr_thread_seconds() -> tuple[float, float]:
-    """(user, system) CPU-seconds of zarr's live threads in this process (Linux /proc; 0 where
-    there is none). Pool threads live as long as the process, so deltas over a job hold."""
+def thread_seconds(prefixes: tuple[str, ...] = ZARR_THREADS) -> tuple[float, float]:
+    """(user, system) CPU-seconds of this process's live threads whose names start with one of
+    ``prefixes`` (zarr's by default; Linux /proc; 0 where there is none). Pool threads live as
+    long as the process, so deltas over a job hold."""
     user = system = 0.0
     for thread in threading.enumerate():
-        if not thread.name.startswith(ZARR_THREADS) or thread.native_id is None:
+        if not thread.name.startswith(prefixes) or thread.native_id is None:
             continue
         try:
             with open(f"/proc/self/task/{thread.native_id}/stat") as f:
@@ -97,12 +103,14 @@ def zarr_thread_seconds() -> tuple[float, float]:
 
 
 def account(
-    user: float, system: float, kinds: dict[str, float], zarr_user: float
+    user: float, system: float, kinds: dict[str, float], zarr_user: float, gemm_user: float = 0.0
 ) -> dict[str, float]:
     """The rows (ROWS) of a process's (or a job's summed) CPU-seconds: ``kinds`` as measured
-    (``in_zarr`` of them on zarr's threads), zarr's threads' user seconds less those, the
-    system seconds, and the rest of ``user`` as other. The rows sum to ``user + system``."""
+    (``in_zarr`` of them on zarr's threads) with the gemm threads' user seconds added to the
+    product, zarr's threads' user seconds less those measured in them, the system seconds, and
+    the rest of ``user`` as other. The rows sum to ``user + system``."""
     rows = {kind: kinds.get(kind, 0.0) for kind in KINDS}
+    rows["product"] += max(gemm_user, 0.0)  # < 0 only when a pool was replaced mid-job
     rows["zarr"] = max(zarr_user - kinds.get("in_zarr", 0.0), 0.0)
     rows["system"] = system
     rows["other"] = user + system - sum(rows.values())

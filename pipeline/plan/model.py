@@ -2,8 +2,9 @@
 
 Every stored chunk pays a fixed cost and a rate per byte for each thing done to it (fetched,
 decoded; OUT's encoded, written), with the constants of pipeline/plan/calibration.py. On the CPU
-all of it shares the worker threads: a task's product runs in its thread while two more read
-its next panels and one writes its finished bands, so a job takes about its thread-seconds
+all of it shares the worker threads: a task's product runs on the worker's shared gemm threads
+while two more read its next panels and one writes its finished bands, so a job takes about
+its thread-seconds
 over the threads, but no less than its waves of tasks, each a chain that overlaps only in
 part (see makespan).
 """
@@ -82,7 +83,10 @@ def makespan(
     per = {k: v / max(tasks, 1) for k, v in seconds.items()}
     task_input, task_output = sum(per[k] for k in INPUT), sum(per[k] for k in OUTPUT)
     fill, drain = task_input / max(panels, 1), task_output / max(bands, 1)
-    chain = fill + max(per["product"], task_input - fill) + drain + per["tasks"]
+    # The worker's threads share every task's gemm calls (kernels.cpu): fewer tasks than
+    # threads still keep them all multiplying.
+    product = per["product"] * min(max(tasks, 1), max(threads, 1)) / max(threads, 1)
+    chain = fill + max(product, task_input - fill) + drain + per["tasks"]
     work = sum(v for k, v in seconds.items() if k != "tasks")
     return max(work / max(threads, 1) + fill + drain + rounds * per["tasks"], rounds * chain)
 

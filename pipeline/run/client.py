@@ -294,6 +294,7 @@ def usage_since(client: Client, before: dict[int, dict[str, float]]) -> dict[str
         for key, value in now.items():
             total[key] = total.get(key, 0.0) + value - was.get(key, 0.0)
     user, system = total.get("user_seconds", 0.0), total.get("system_seconds", 0.0)
-    rows = account(user, system, total, total.get("zarr_user_seconds", 0.0))
+    zarr_user, gemm_user = (total.get(f"{k}_user_seconds", 0.0) for k in ("zarr", "gemm"))
+    rows = account(user, system, total, zarr_user, gemm_user)
     usage = {k: total.get(k, 0.0) for k in ("user_seconds", "system_seconds", "page_faults")}
     return {**usage, **{f"cpu_{row}": seconds for row, seconds in rows.items()}}

@@ -40,7 +40,7 @@ class PanelReporter:
         self.state: dict[str, Any] = {"run": run_id, "tile": list(tile), "k0": k0}
         self.state.update(panels=0, flops=0, bytes=0)
         self.sent = time.monotonic()
-        self.worker = _current_worker() if run_id else None
+        self.worker = current_worker() if run_id else None
         self._lock = threading.Lock()  # the GPU path reports from its decode threads
 
     def panel_done(self, flops: int, bytes_read: int) -> None:
@@ -60,7 +60,7 @@ class PanelReporter:
         self.worker.log_event(TOPIC, message)  # thread-safe: distributed hops to its loop
 
 
-def _current_worker() -> Any:
+def current_worker() -> Any:
     """The worker running this task; None outside one (a task function called directly)."""
     from distributed import get_worker
 

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 
-from pipeline.cputime import KINDS, LEDGER, zarr_thread_seconds
+from pipeline.cputime import GEMM_THREADS, KINDS, LEDGER, thread_seconds
 
 PHASES = ("product", "decode", "read", "copy", "write", "wait")
 """Phases of a tile task, in thread-seconds (several threads of a task overlap)."""
@@ -56,14 +56,15 @@ def add_phases(total: dict[str, float], part: dict[str, float]) -> dict[str, flo
     return {k: total.get(k, 0.0) + part.get(k, 0.0) for k in PHASES}
 
 
-USAGE = ("user_seconds", "system_seconds", "page_faults", "zarr_user_seconds")
+USAGE = ("user_seconds", "system_seconds", "page_faults", "zarr_user_seconds", "gemm_user_seconds")
 """What process_usage reads besides the ledger's kinds (pipeline.cputime.Ledger.totals)."""
 
 
 def process_usage() -> tuple[int, dict[str, float]]:
     """Runs on each worker: (pid, counters) of this process: USAGE and the ledger's kinds."""
     usage = resource.getrusage(resource.RUSAGE_SELF)
-    zarr_user, _ = zarr_thread_seconds()
-    values = (usage.ru_utime, usage.ru_stime, usage.ru_minflt, zarr_user)
+    zarr_user, _ = thread_seconds()
+    gemm_user, _ = thread_seconds(GEMM_THREADS)
+    values = (usage.ru_utime, usage.ru_stime, usage.ru_minflt, zarr_user, gemm_user)
     counters = dict(zip(USAGE, values, strict=True))
     return os.getpid(), {**counters, **LEDGER.totals()}

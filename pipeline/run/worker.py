@@ -12,6 +12,7 @@ from typing import Any
 from numpy.typing import NDArray
 
 from kernels.backends import make_accumulator
+from kernels.cpu import share_cores
 from pipeline.plan import Tile, row_bands
 from pipeline.run import accumulate, events, staged
 from pipeline.run.reading import open_task, read_panel
@@ -144,6 +145,9 @@ def _block_rows(spec: TaskSpec) -> int | None:
 def _accumulator(spec: TaskSpec, tile: Tile) -> Any:
     """A zeroed accumulator; a Gram product's diagonal tile needs only its upper part."""
     upper = mirror.is_diagonal(spec.store.symmetric, tile)
+    if spec.backend == "cpu":  # a task alone on its worker spreads over the idle threads
+        worker = events.current_worker()
+        share_cores(worker.state.nthreads if worker is not None else 1)
     return make_accumulator(
         spec.backend, tile.shape, spec.compute_dtype, spec.block_shape, upper, spec.precision
     )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -264,3 +266,83 @@ def test_upper_accumulator_computes_the_upper_blocks_only(
     assert_product(np.triu(got) + np.triu(got, 1).T, x.T, x)
     # 5 x 5 blocks: 5 on the diagonal, 10 above it, per K panel
     assert Counter(name for name, *_ in blas_calls) == {"syrk": 2 * 5, "gemm": 2 * 10}
+
+
+@pytest.fixture
+def shared_threads() -> Any:
+    """Two shared gemm threads for the test, then back to one thread per task."""
+    cpu.share_cores(2)
+    yield
+    cpu.share_cores(1)
+
+
+@pytest.mark.parametrize("upper", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64", "int64"])
+def test_shared_threads_give_the_bytes_of_one_thread(
+    upper: bool, dtype: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rng = np.random.default_rng(11)
+    x = (rng.uniform(-1, 1, (70, 90)) * 10).astype(dtype)
+    b = x.T.copy() if upper else (rng.uniform(-1, 1, (90, 45)) * 10).astype(dtype)
+    shape = (70, 70) if upper else (70, 45)
+
+    def product() -> tuple[np.ndarray, set[str]]:
+        acc = CpuAccumulator(shape, dtype, (16, 16), upper=upper)
+        block, names = acc._block, set()
+
+        def recorded(*args: Any) -> None:
+            names.add(threading.current_thread().name)
+            block(*args)
+
+        monkeypatch.setattr(acc, "_block", recorded)
+        for k0, k1 in ((0, 40), (40, 90)):
+            acc.add(x[:, k0:k1], b[k0:k1])
+        return acc.result().copy(), names
+
+    alone, alone_names = product()
+    cpu.share_cores(2)
+    try:
+        shared, shared_names = product()
+    finally:
+        cpu.share_cores(1)
+    assert alone.tobytes() == shared.tobytes()
+    assert alone_names == {threading.current_thread().name}
+    assert shared_names and all(n.startswith(f"{cpu.GEMM_THREAD}_") for n in shared_names)
+
+
+def test_a_failed_block_raises_once_every_block_has_stopped(
+    shared_threads: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    acc = CpuAccumulator((64, 64), "float32", (8, 8))
+    block, finished = acc._block, []
+
+    def failing(a: Any, b: Any, out: Any, diagonal: bool) -> None:
+        if not finished:
+            finished.append(None)
+            raise RuntimeError("block failed")
+        time.sleep(0.001)  # still writing when the first one fails
+        block(a, b, out, diagonal)
+        finished.append(None)
+
+    monkeypatch.setattr(acc, "_block", failing)
+    ones = np.ones((64, 4), np.float32)
+    with pytest.raises(RuntimeError, match="block failed"):
+        acc.add(ones, ones.T.copy())
+    count = len(finished)
+    time.sleep(0.05)
+    # The other groups of blocks ran to their end before it raised (the failed group stops),
+    # and nothing writes into the accumulator after.
+    assert len(finished) == count == 64 - (64 // (2 * cpu.GROUPS_PER_THREAD) - 1)
+
+
+def test_one_shared_thread_is_no_pool() -> None:
+    cpu.share_cores(1)
+    assert cpu._pool() == (None, 1)
+    cpu.share_cores(3)
+    try:
+        pool, threads = cpu._pool()
+        assert threads == 3 and pool is not None and pool._max_workers == 3
+        cpu.share_cores(3)
+        assert cpu._pool()[0] is pool  # the same size keeps the same pool
+    finally:
+        cpu.share_cores(1)

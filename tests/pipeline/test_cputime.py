@@ -13,7 +13,7 @@ import numpy as np
 from distributed import Client
 
 from pipeline import multiply
-from pipeline.cputime import ROWS, Ledger, account
+from pipeline.cputime import GEMM_THREADS, ROWS, Ledger, account, thread_seconds
 from tests.helpers import random_matrix, run_cli, write_array
 
 
@@ -73,6 +73,27 @@ def test_rows_sum_to_user_plus_system() -> None:
         "system": 2.0, "other": 1.5,
     }  # fmt: skip
     assert sum(rows.values()) == 11.0
+
+
+def test_the_shared_gemm_threads_are_the_product() -> None:
+    rows = account(9.0, 2.0, {"product": 0.5, "decode": 1.0}, zarr_user=0.0, gemm_user=4.5)
+    assert rows["product"] == 5.0 and rows["other"] == 3.0 and sum(rows.values()) == 11.0
+    # a pool replaced during a job (another cluster's thread count) loses its threads' seconds
+    assert account(9.0, 2.0, {"product": 0.5}, zarr_user=0.0, gemm_user=-1.0)["product"] == 0.5
+
+
+def test_thread_seconds_reads_the_named_threads_only() -> None:
+    before = thread_seconds(GEMM_THREADS)[0]
+    named = threading.Thread(target=_spin, args=(0.3,), name=f"{GEMM_THREADS[0]}9")
+    other = threading.Thread(target=_spin, args=(0.3,), name="someone_else")
+    seen: list[float] = []
+    for thread in (named, other):
+        thread.start()
+    while named.is_alive():  # a thread's seconds are read while it lives
+        seen.append(thread_seconds(GEMM_THREADS)[0] - before)
+        time.sleep(0.01)
+    other.join()
+    assert 0.1 < max(seen) < 0.45, max(seen)  # one spinner's, not both
 
 
 def test_a_job_accounts_its_cpu_seconds(tmp_path: Path, client: Client) -> None:

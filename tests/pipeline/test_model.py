@@ -150,3 +150,15 @@ def test_in_job_decode_scaling_moves_the_per_chunk_cost_only(chunk: int) -> None
             assert costs.decode.per_byte == COSTS.decode.per_byte
             assert costs.decode.per_chunk == pytest.approx(COSTS.decode.per_chunk * factor)
             assert factor > 3  # the per-chunk part is under all of it
+
+
+def test_one_task_still_multiplies_on_every_thread() -> None:
+    """The worker's threads share each task's gemm calls (kernels.cpu.share_cores): one tile
+    on two threads is modelled at the two threads' rate, not as one thread's chain."""
+    from pipeline.plan.model import makespan
+
+    seconds = {"read": 0.0, "decode": 0.1, "product": 8.0, "encode": 0.0, "write": 0.1, "tasks": 0}
+    fill, drain = 0.1 / 4, 0.1 / 8
+    one, two = (makespan(seconds, threads=t, rounds=1, tasks=1, panels=4, bands=8) for t in (1, 2))
+    assert one == pytest.approx(8.2 + fill + drain)
+    assert two == pytest.approx(8.2 / 2 + fill + drain)  # not its chain: fill + 8.0 + drain

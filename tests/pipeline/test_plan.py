@@ -118,7 +118,9 @@ def test_refuses_impossible_memory_with_numbers() -> None:
         # one chunk per tile: fewer re-reads, no cost per task to speak of (8.4 ms measured);
         # 9.1-11.1 s against 15.9-26.7 s for two 8192x4096 tiles (2-core Xeon, loaded)
         (8192, 8192, 8192, 2048, 1, 2, 16),
-        (4096, 4096, 4096, 1024, 2, 4, 8),  # 8 slots, 8 tiles
+        # 2 workers: 2 tiles each, sharing its 4 gemm threads (kernels.cpu.share_cores), read
+        # 1.5x the minimum where 8 tiles (one per thread) read 2x
+        (4096, 4096, 4096, 1024, 2, 4, 4),
         (100, 100, 100, 100, 1, 1, 1),  # single chunk
         (1000, 50, 1000, 100, 1, 2, 2),  # small K: few tiles, fewer re-reads
     ],
