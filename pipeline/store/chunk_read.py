@@ -5,8 +5,10 @@ per chunk here, where fetching the stored bytes costs 15 us and decoding a 16 Ki
 us (64x64 float32, 2-core Xeon). Small chunks spend most of their time there. This path fetches
 a batch of stored chunks in one round trip through the store, decodes each into exactly its own
 size (pipeline.store.chunk_sizes: the same bounds as every other read) and copies the part the
-block needs into the caller's buffer. From a local store each chunk is read into a reused
-buffer, and decoded through a reused one when it is copied (pipeline.store.scratch). A chunk
+block needs into the caller's buffer. From a local store each chunk is read (os.open, readv)
+into one buffer the whole block reuses, and decoded through one other when it is copied
+(pipeline.store.scratch): 49 us a 64x64 zstd chunk, 67 us with a file object and a buffer pair
+per chunk (2-core EPYC). A chunk
 wholly inside a block one chunk wide is decoded straight into the caller's buffer (its rows
 are contiguous there), which zarr cannot do (it decodes into its own buffer, then copies):
 such blocks of large chunks come this way too.
@@ -30,6 +32,7 @@ from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK
 from pipeline.store.chunk_sizes import DECODERS, decode_exact
 from pipeline.store.scratch import scratch
 
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 BATCH_CHUNKS = 10
 """Stored chunks fetched in one round trip at least (zarr's own reads hold as many)."""
 DIRECT_MAX_CHUNK_BYTES = 2**20
@@ -128,24 +131,32 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
     # spend: it holds that many more stored bytes per batch instead.
     batch = max(BATCH_CHUNKS, ZARR_BYTES_PER_CHUNK * len(indices) // max(chunk_bytes, 1))
     what = f"{cm}x{cn} {found.dtype} elements"
-    for (i, j), data in _chunks(array, indices, batch):
-        if data is None:
-            return False  # unstored: its fill value is zarr's to give
-        r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
-        c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
-        target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
-        part = (slice(r0 - i * cm, r1 - i * cm), slice(c0 - j * cn, c1 - j * cn))
-        if found.codec is None:
-            if data.nbytes != chunk_bytes:
-                return False  # zarr says what is wrong with it
-            np.copyto(target, data.view(found.dtype).reshape(cm, cn)[part], "unsafe")
-        elif target.shape == (cm, cn) and target.dtype == found.dtype and target.flags.c_contiguous:
-            # the whole chunk, its rows contiguous: decoded in place, no copy
-            decode_exact(found.codec, data, chunk_bytes, what, target.reshape(-1).view(np.uint8))
-        else:
-            with scratch(chunk_bytes) as decoded:
+    # One buffer decodes every chunk this block holds only part of (taken once per block: a
+    # small chunk's fixed costs are most of its time).
+    with scratch(chunk_bytes if found.codec else 0) as decoded:
+        chunk = decoded.view(found.dtype).reshape(cm, cn) if found.codec else None
+        for (i, j), data in _chunks(array, indices, batch):
+            if data is None:
+                return False  # unstored: its fill value is zarr's to give
+            r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
+            c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
+            target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+            part = (slice(r0 - i * cm, r1 - i * cm), slice(c0 - j * cn, c1 - j * cn))
+            if found.codec is None:
+                if data.nbytes != chunk_bytes:
+                    return False  # zarr says what is wrong with it
+                np.copyto(target, data.view(found.dtype).reshape(cm, cn)[part], "unsafe")
+            elif (
+                target.shape == (cm, cn)
+                and target.dtype == found.dtype
+                and target.flags.c_contiguous
+            ):
+                # the whole chunk, its rows contiguous: decoded in place, no copy
+                into = target.reshape(-1).view(np.uint8)
+                decode_exact(found.codec, data, chunk_bytes, what, into)
+            else:
                 decode_exact(found.codec, data, chunk_bytes, what, decoded)
-                np.copyto(target, decoded.view(found.dtype).reshape(cm, cn)[part], "unsafe")
+                np.copyto(target, chunk[part], "unsafe")  # type: ignore[index]
     return True
 
 
@@ -167,12 +178,19 @@ def _chunks(
             yield from zip(part, stored_chunks(array, part), strict=True)
         return
     folder = os.path.join(str(store.root), array.store_path.path)
-    for index in indices:
-        try:
-            f = open(os.path.join(folder, array.metadata.encode_chunk_key(index)), "rb")  # noqa: SIM115
-        except FileNotFoundError:
-            yield index, None
-            continue
-        with f, scratch(os.fstat(f.fileno()).st_size) as data:
-            got = f.readinto(data.data)
-            yield index, data[:got]
+    key = array.metadata.encode_chunk_key
+    with scratch(0) as buffer:
+        for index in indices:
+            try:
+                fd = os.open(os.path.join(folder, key(index)), os.O_RDONLY | O_CLOEXEC)
+            except FileNotFoundError:
+                yield index, None
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                if size > buffer.nbytes:  # grown for the largest stored chunk, then reused
+                    buffer = np.empty(max(size, 2 * buffer.nbytes), np.uint8)
+                got = os.readv(fd, [buffer.data[:size]])
+            finally:
+                os.close(fd)
+            yield index, buffer[:got]

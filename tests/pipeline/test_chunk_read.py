@@ -125,3 +125,27 @@ def test_memory_within_the_model(tmp_path: Path, chunk: int) -> None:
         tracemalloc.stop()
     np.testing.assert_array_equal(out, data[:, 256:512])
     assert peak <= zarr_bytes((1024, 256), (chunk, chunk), (1024, 1024), 4), peak
+
+
+@pytest.mark.parametrize("codec", ["zstd", "none"])
+def test_a_block_takes_two_buffers_whatever_its_chunks(
+    tmp_path: Path, codec: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One read buffer (grown for the largest stored chunk) and one decode buffer per block,
+    not a pair per chunk: a 64x64 chunk's fixed costs were most of its time."""
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((200, 120)).astype("float32")
+    data[:50] = 1  # chunks that compress to a few bytes before ones that do not: it grows
+    array = _store(tmp_path / "a.zarr", data, (10, 12), 3, codec)
+    taken: list[int] = []
+    real = chunk_read.scratch
+
+    def counted(size: int) -> Any:
+        taken.append(size)
+        return real(size)
+
+    monkeypatch.setattr(chunk_read, "scratch", counted)
+    out = np.full((187, 101), np.nan, dtype="float32")
+    assert chunk_read.read_into(array, (3, 190), (7, 108), out)  # 190 chunks, most cut
+    np.testing.assert_array_equal(out, data[3:190, 7:108])
+    assert len(taken) == 2, taken
