@@ -41,7 +41,7 @@ from threadpoolctl import threadpool_limits
 from benchmarks import byte_compile
 from pipeline.generate import write_random
 from pipeline.host_probe import best_cpu_seconds as best_seconds
-from pipeline.host_probe import gemm_rate, measure
+from pipeline.host_probe import best_figures, gemm_rate, measure
 from pipeline.plan.costs import ChunkCost, CostModel, HostProbe
 from pipeline.plan.model import grouped
 from pipeline.store import chunk_read
@@ -351,12 +351,7 @@ def steady_probe(calls: int = 3) -> HostProbe:
     """The host probe's best figures over a few calls: one call (itself best of 20) once read
     half this EPYC's BLAS rate during a transient, which would have scaled every plan on the
     host by 1.8x."""
-    runs = [measure() for _ in range(calls)]
-    return HostProbe(
-        flops_per_second=max(r.flops_per_second for r in runs),
-        decode_per_byte=min(r.decode_per_byte for r in runs),
-        python_seconds=min(r.python_seconds for r in runs),
-    )
+    return best_figures([measure() for _ in range(calls)])
 
 
 def probe_lines(probe: HostProbe | None) -> list[str]:

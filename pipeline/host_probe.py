@@ -7,7 +7,9 @@ sgemm thread is half a Xeon's), so constants fitted on one machine planned anoth
 they are measured once per host (about 0.7 s) and saved with the other machine figures in
 ``$XDG_CACHE_HOME/tilegemm/hosts.json`` (kernels.device.figures: atomic, mode 0600, a file
 others may write is ignored), keyed by the CPU, the usable cores, numpy's BLAS and the Python.
-Measured on a busy machine they are kept all the same: delete the file to measure again.
+A figure more than 1.5x from the calibration host's is measured a second time and the better
+kept (one call once read half this EPYC's BLAS rate); measured on a machine that stays busy
+they are kept all the same: delete the file to measure again.
 
 The figures are this process's host's: a job on an existing scheduler is planned with them
 too, which is right when its workers run on machines like this one.
@@ -61,11 +63,35 @@ def host_figures(path: Path | None = None) -> HostProbe:
     if unsaved in UNSAVED:
         return UNSAVED[unsaved]
     probe = measure()
+    if COSTS.probe is not None and not _near(probe, COSTS.probe):
+        # A transient on a shared VM once halved one call's BLAS rate: a figure far from the
+        # calibration host's is measured again, and the better of the two kept.
+        probe = best_figures([probe, measure()])
     try:
         save(key, vars(probe), path, identity=None)
     except OSError:  # a read-only home: kept for this process only
         UNSAVED[unsaved] = probe
     return probe
+
+
+NEAR = 1.5
+"""A figure within this factor of the calibration host's is taken from one call."""
+
+
+def _near(probe: HostProbe, reference: HostProbe) -> bool:
+    return all(
+        1 / NEAR <= getattr(probe, f.name) / getattr(reference, f.name) <= NEAR
+        for f in fields(HostProbe)
+    )
+
+
+def best_figures(runs: list[HostProbe]) -> HostProbe:
+    """The best of each figure over several calls (the fastest: other work only slows)."""
+    return HostProbe(
+        flops_per_second=max(r.flops_per_second for r in runs),
+        decode_per_byte=min(r.decode_per_byte for r in runs),
+        python_seconds=min(r.python_seconds for r in runs),
+    )
 
 
 def _valid(figures: Any) -> HostProbe | None:
