@@ -12,8 +12,9 @@ per chunk (2-core EPYC). A chunk
 wholly inside a block one chunk wide is decoded straight into the caller's buffer (its rows
 are contiguous there), which zarr cannot do (it decodes into its own buffer, then copies):
 such blocks of large chunks come this way too.
-Arrays it does not cover (sharded, filters, a transposing or big-endian layout, codecs other
-than one compressor) and blocks with an unstored chunk go through zarr as before.
+Arrays it does not cover (filters, a transposing or big-endian layout, codecs other than one
+compressor) and blocks with an unstored chunk go through zarr as before; sharded ones through
+pipeline.store.shard_read, which decodes their inner chunks with ``place``.
 """
 
 from __future__ import annotations
@@ -79,11 +80,11 @@ def layout(array: Any) -> Layout | None:
         return None
     if len(codecs) == 1:
         return Layout(None, dtype, chunks)
-    codec = _v3_codec_id(codecs[1])
+    codec = v3_codec_id(codecs[1])
     return Layout(codec, dtype, chunks) if codec else None
 
 
-def _v3_codec_id(codec: Any) -> str | None:
+def v3_codec_id(codec: Any) -> str | None:
     """The numcodecs id decoding a v3 compressor's chunks, when one does so exactly."""
     from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
@@ -130,33 +131,45 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
     # The memory model counts zarr's bookkeeping per chunk touched, which this path does not
     # spend: it holds that many more stored bytes per batch instead.
     batch = max(BATCH_CHUNKS, ZARR_BYTES_PER_CHUNK * len(indices) // max(chunk_bytes, 1))
-    what = f"{cm}x{cn} {found.dtype} elements"
     # One buffer decodes every chunk this block holds only part of (taken once per block: a
     # small chunk's fixed costs are most of its time).
     with scratch(chunk_bytes if found.codec else 0) as decoded:
-        chunk = decoded.view(found.dtype).reshape(cm, cn) if found.codec else None
-        for (i, j), data in _chunks(array, indices, batch):
-            if data is None:
-                return False  # unstored: its fill value is zarr's to give
-            r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
-            c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
-            target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
-            part = (slice(r0 - i * cm, r1 - i * cm), slice(c0 - j * cn, c1 - j * cn))
-            if found.codec is None:
-                if data.nbytes != chunk_bytes:
-                    return False  # zarr says what is wrong with it
-                np.copyto(target, data.view(found.dtype).reshape(cm, cn)[part], "unsafe")
-            elif (
-                target.shape == (cm, cn)
-                and target.dtype == found.dtype
-                and target.flags.c_contiguous
-            ):
-                # the whole chunk, its rows contiguous: decoded in place, no copy
-                into = target.reshape(-1).view(np.uint8)
-                decode_exact(found.codec, data, chunk_bytes, what, into)
-            else:
-                decode_exact(found.codec, data, chunk_bytes, what, decoded)
-                np.copyto(target, chunk[part], "unsafe")  # type: ignore[index]
+        for index, data in _chunks(array, indices, batch):
+            if data is None or not place(found, index, data, rows, cols, out, decoded):
+                return False  # unstored (its fill value is zarr's to give), or a bad raw size
+    return True
+
+
+def place(
+    found: Layout,
+    index: tuple[int, int],
+    data: NDArray[np.uint8],
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    out: NDArray[Any],
+    decoded: NDArray[np.uint8],
+) -> bool:
+    """Chunk ``index``'s stored bytes decoded into its part of ``out`` (the block ``[rows,
+    cols]``), through ``decoded`` (a chunk's bytes) unless it lands whole and contiguous;
+    False for a raw chunk of the wrong size (zarr's read says what is wrong with it)."""
+    (cm, cn), (i, j) = found.chunks, index
+    chunk_bytes = cm * cn * found.dtype.itemsize
+    r0, r1 = max(rows[0], i * cm), min(rows[1], (i + 1) * cm)
+    c0, c1 = max(cols[0], j * cn), min(cols[1], (j + 1) * cn)
+    target = out[r0 - rows[0] : r1 - rows[0], c0 - cols[0] : c1 - cols[0]]
+    part = (slice(r0 - i * cm, r1 - i * cm), slice(c0 - j * cn, c1 - j * cn))
+    if found.codec is None:
+        if data.nbytes != chunk_bytes:
+            return False
+        np.copyto(target, data.view(found.dtype).reshape(cm, cn)[part], "unsafe")
+        return True
+    what = f"{cm}x{cn} {found.dtype} elements"
+    if target.shape == (cm, cn) and target.dtype == found.dtype and target.flags.c_contiguous:
+        # the whole chunk, its rows contiguous: decoded in place, no copy
+        decode_exact(found.codec, data, chunk_bytes, what, target.reshape(-1).view(np.uint8))
+        return True
+    decode_exact(found.codec, data, chunk_bytes, what, decoded[:chunk_bytes])
+    np.copyto(target, decoded[:chunk_bytes].view(found.dtype).reshape(cm, cn)[part], "unsafe")
     return True
 
 

@@ -25,7 +25,7 @@ from pipeline.errors import (
     storage_problem,
 )
 from pipeline.plan.spec import ArraySpec
-from pipeline.store import chunk_read
+from pipeline.store import chunk_read, shard_read
 from pipeline.store.bounded import bounded, stored_codec
 from pipeline.store.chunk_sizes import check_declared
 from pipeline.store.fs import (
@@ -196,9 +196,16 @@ def read_block(
     """
     selection = (slice(rows[0], rows[1]), slice(cols[0], cols[1]))
     try:
-        if chunk_read.readable(array, rows, cols):  # small chunks, or decoded in place
+        direct = (
+            chunk_read  # small chunks, or decoded in place
+            if chunk_read.readable(array, rows, cols)
+            else shard_read  # small chunks in shards
+            if shard_read.readable(array)
+            else None
+        )
+        if direct is not None:
             into = out if out is not None else np.empty(_span(rows, cols), dtype=dtype)
-            if chunk_read.read_into(array, rows, cols, into):
+            if direct.read_into(array, rows, cols, into):
                 return into
         if out is not None:
             array.get_basic_selection(selection, out=NDBuffer.from_numpy_array(out))
