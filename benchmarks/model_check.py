@@ -2,7 +2,8 @@
 
     python -m benchmarks.model_check [--repeats 3] [--data bench-data/model] [--cases a,b]
 
-Each case's inputs are written once (zstd, float32, seeded) under ``--data``. The model is the
+Each case's inputs are written once (zstd, float32, seeded) under ``--data``; sharded-64's in
+1024² shards of 64² chunks. The model is the
 dry run's text (``--dry-run``: the constants of pipeline/plan/calibration.py); each run is
 the CLI, ``python -m pipeline multiply A B OUT --overwrite``, in a fresh process with its own
 local cluster. Printed per case, medians over the runs: the dry run's estimate (of the whole
@@ -33,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import zarr
+
 from benchmarks import byte_compile
 from pipeline.generate import write_random
 
@@ -48,6 +52,8 @@ class Case:
     a: tuple[tuple[int, int], tuple[int, int]]  # shape, chunks
     b: tuple[tuple[int, int], tuple[int, int]]
     note: str
+    shards: tuple[int, int] | None = None
+    """Both inputs' chunks stored in shards of this shape (written through zarr)."""
 
 
 CASES = (
@@ -58,6 +64,8 @@ CASES = (
     Case("tall-skinny", ((100000, 32), (10000, 32)), ((32, 2000), (32, 1000)), "100000x32"),
     Case("short-fat", ((2000, 65536), (1000, 4096)), ((65536, 2000), (4096, 1000)), "K 65536"),
     Case("prime", ((4096, 4096), (997, 1009)), ((4096, 4096), (1013, 991)), "4096², prime chunks"),
+    Case("sharded-64", ((4096, 4096), (64, 64)), ((4096, 4096), (64, 64)), "4096², 64² chunks",
+         (1024, 1024)),  # in 1024² shards
 )  # fmt: skip
 
 
@@ -65,8 +73,13 @@ def inputs(case: Case, data: Path) -> tuple[str, str]:
     urls = []
     for name, (shape, chunks), seed in (("a", case.a, 1), ("b", case.b, 2)):
         url = data / f"{case.name}-{name}.zarr"
-        if not (url / "zarr.json").exists():
+        if (url / "zarr.json").exists():
+            pass
+        elif case.shards is None:
             write_random(str(url), shape, chunks, "float32", seed, overwrite=True)
+        else:  # `pipeline random` writes no shards
+            values = np.random.default_rng(seed).uniform(-1, 1, shape).astype(np.float32)
+            zarr.create_array(str(url), data=values, chunks=chunks, shards=case.shards)
         urls.append(str(url))
     return urls[0], urls[1]
 
