@@ -54,8 +54,6 @@ class Layout:
 
 def layout(array: Any) -> Layout | None:
     """The array's chunk layout when this path can read it, else None (zarr's path)."""
-    from zarr.codecs import BytesCodec
-
     if not isinstance(array, zarr.Array):
         return None  # a view that computes its values (verify's Undone, Transposed): its own path
     dtype = np.dtype(array.dtype)
@@ -72,16 +70,26 @@ def layout(array: Any) -> Layout | None:
         if metadata.compressor is not None and codec not in DECODERS:
             return None
         return Layout(codec, dtype, chunks)
-    codecs = metadata.codecs
-    if not codecs or not isinstance(codecs[0], BytesCodec) or len(codecs) > 2:
-        return None
-    endian = getattr(codecs[0].endian, "value", codecs[0].endian)
-    if endian not in (None, "little"):
+    return v3_layout(metadata.codecs, dtype, chunks)
+
+
+def v3_layout(codecs: Any, dtype: np.dtype[Any], chunks: tuple[int, int]) -> Layout | None:
+    """The layout of zarr v3 chunks stored through ``codecs`` (an array's, or a shard's inner
+    ones): little-endian bytes, then at most one compressor numcodecs decodes; else None."""
+    if not codecs or not little_bytes(codecs[0]) or len(codecs) > 2:
         return None
     if len(codecs) == 1:
         return Layout(None, dtype, chunks)
     codec = v3_codec_id(codecs[1])
     return Layout(codec, dtype, chunks) if codec else None
+
+
+def little_bytes(codec: Any) -> bool:
+    """``codec`` is zarr v3's bytes codec, little-endian (or for one-byte elements)."""
+    from zarr.codecs import BytesCodec
+
+    endian = getattr(codec, "endian", None)
+    return isinstance(codec, BytesCodec) and getattr(endian, "value", endian) in (None, "little")
 
 
 def v3_codec_id(codec: Any) -> str | None:

@@ -25,7 +25,14 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK, ZARR_CONCURRENCY
-from pipeline.store.chunk_read import DIRECT_MAX_CHUNK_BYTES, O_CLOEXEC, Layout, place, v3_codec_id
+from pipeline.store.chunk_read import (
+    DIRECT_MAX_CHUNK_BYTES,
+    O_CLOEXEC,
+    Layout,
+    little_bytes,
+    place,
+    v3_layout,
+)
 from pipeline.store.scratch import scratch
 
 EMPTY = 2**64 - 1
@@ -59,40 +66,25 @@ def shard_layout(array: Any) -> ShardLayout | None:
         return None
     if not isinstance(array.store_path.store, LocalStore):
         return None
-    sharding, dtype = codecs[0], np.dtype(array.dtype)
-    inner = sharding.codecs
-    if dtype.kind not in "biufc" or dtype.byteorder == ">" or not 1 <= len(inner) <= 2:
-        return None
-    if not all(_little(c) for c in inner[:1]) or not all(
-        _little(c) for c in sharding.index_codecs[:1]
-    ):
-        return None
-    codec = v3_codec_id(inner[1]) if len(inner) == 2 else None
-    if len(inner) == 2 and codec is None:
+    sharding, dtype, shards = codecs[0], np.dtype(array.dtype), array.shards
+    if dtype.kind not in "biufc" or dtype.byteorder == ">" or shards is None:
         return None
     index = tuple(type(c) for c in sharding.index_codecs)
     if index not in ((BytesCodec, Crc32cCodec), (BytesCodec,)):
         return None
-    chunks = (int(sharding.chunk_shape[0]), int(sharding.chunk_shape[1]))
-    shards = array.shards
-    if shards is None:
+    if not little_bytes(sharding.index_codecs[0]):
         return None
+    chunks = (int(sharding.chunk_shape[0]), int(sharding.chunk_shape[1]))
+    inner = v3_layout(sharding.codecs, dtype, chunks)
     shard = (int(shards[0]), int(shards[1]))
-    if shard[0] % chunks[0] or shard[1] % chunks[1]:
+    if inner is None or shard[0] % chunks[0] or shard[1] % chunks[1]:
         return None
     return ShardLayout(
-        Layout(codec, dtype, chunks),
+        inner,
         shard,
         getattr(sharding.index_location, "value", sharding.index_location) == "end",
         Crc32cCodec in index,
     )
-
-
-def _little(codec: Any) -> bool:
-    from zarr.codecs import BytesCodec
-
-    endian = getattr(codec, "endian", None)
-    return isinstance(codec, BytesCodec) and getattr(endian, "value", endian) in (None, "little")
 
 
 def readable(array: Any) -> bool:
@@ -161,7 +153,8 @@ def _read_shard(
         needed = table[i0:i1, j0:j1].reshape(-1, 2)
         if (needed == EMPTY).any():
             return False  # an inner chunk never written: zarr's fill value
-        if (needed[:, 0] + needed[:, 1] > size).any() or (needed[:, 1] > size).any():
+        # each figure first: an offset near 2**64 plus a length would wrap past the check
+        if (needed > size).any() or (needed[:, 0] + needed[:, 1] > size).any():
             raise ValueError(f"a shard's index points past its {size} bytes")
         coords = [(i, j) for i in range(i0, i1) for j in range(j0, j1)]
         base = (shard[0] * per[0], shard[1] * per[1])

@@ -138,15 +138,18 @@ def test_an_empty_chunk_or_shard_is_zarrs_fill_value(tmp_path: Path) -> None:
 
 def test_an_index_that_lies_is_refused(tmp_path: Path) -> None:
     data = np.random.default_rng(2).standard_normal((20, 28)).astype("float32") + 5
-    for name, damage in (("crc", b"\x00\x00\x00\x00"), ("range", None)):
+    wrap = (2**64 - 8).to_bytes(8, "little")  # with a length of 8 or more, wraps to < 2**64
+    for name, damage in (("crc", b"\x00\x00\x00\x00"), ("range", None), ("wrap", wrap)):
         url = tmp_path / f"{name}.zarr"
         array = _store(url, data, checksum=name == "crc")
         shard = url / "c" / "0" / "0"
         raw = bytearray(shard.read_bytes())
-        if damage is not None:
+        if name == "crc":
             raw[-4:] = damage  # the index's crc32c
-        else:
+        elif name == "range":
             raw[-16:-8] = (len(raw) * 4).to_bytes(8, "little")  # an offset past the file
+        else:
+            raw[-16:-8] = damage  # the last chunk's offset
         shard.write_bytes(bytes(raw))
         out = np.empty((20, 28), "float32")
         with pytest.raises(ValueError, match="crc32c|past its"):
