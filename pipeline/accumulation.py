@@ -6,12 +6,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from pipeline.errors import InputError, UsageError
+from pipeline.errors import InputError, UnsafeOutputError, UsageError
 from pipeline.plan import ArraySpec, OutputSpec
 from pipeline.plan.dtypes import check_accumulation
 from pipeline.store import accumulate, inputs
-from pipeline.store.fs import url_to_fs
+from pipeline.store.fs import local_path, url_to_fs
 from pipeline.store.output import Output
+from pipeline.store.reach import reach
 
 
 def check_flags(
@@ -52,6 +53,7 @@ def target(
             f"--accumulate: C ({out.url}) does not exist; it must be an existing Zarr array "
             "(drop --accumulate to write a new product)"
         )
+    _check_own_folders(out)
     c = inputs.open_input(out.url, out.storage_options, "C")
     inputs.check_encoding(c, "C", out.url)
     shape = (a.shape[0], b.shape[1])
@@ -70,3 +72,22 @@ def target(
         accumulate=True,
     )
     return accumulate.snapshot(out), layout
+
+
+def _check_own_folders(out: Output) -> None:
+    """C's chunks are rewritten in place: a link inside C (its ``c/`` on another array, its
+    accumulation folder elsewhere) or a special file would send the writes somewhere else."""
+    local = local_path(out.url)
+    if local is None:
+        return
+    found = reach(local)
+    odd = [(p, "a symbolic link") for p in found.links] + [
+        (p, "a special file") for p in found.special
+    ]
+    if odd:
+        path, what = sorted(odd)[0]
+        raise UnsafeOutputError(
+            f"--accumulate: C ({out.url}) holds {what} at {path} ({len(odd)} such in all); "
+            "C's chunks are rewritten in place, only inside C's own folders: copy C without "
+            "links (e.g. cp -rL) and accumulate into the copy"
+        )

@@ -40,7 +40,7 @@ from pipeline.run.client import (
 from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive import warn_if_exposed
-from pipeline.store import accumulate, direct, journal, resume
+from pipeline.store import accumulate, journal, owned, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
@@ -118,6 +118,9 @@ class MatmulJob:
             plan = self.for_cluster(c, backend).plan
             spec = self._task_spec(plan, backend)
             at_start = resume.listings(self.store)
+            self.output.check_apart(  # again under OUT's lock, before anything is written
+                [("A", self.store.a_url), ("B", self.store.b_url)]
+            )
             skip = self._start_output(plan, spec.fingerprint, state, at_start)
             resumed = self._written_rows(plan, spec.fingerprint, skip) if opts.resume else {}
             before = worker_usage(c)
@@ -128,7 +131,7 @@ class MatmulJob:
                 release_panels(c, spec.run_id)
             usage = usage_since(c, before)
             self._check_finish(held, at_start)
-            if left := direct.remove_partials(local_path(self.output.url)):
+            if left := owned.remove_partials(local_path(self.output.url)):
                 log.info("removed %d temporary chunk file(s) a stopped task left", left)
             if opts.accumulate:  # C's metadata is not ours to mark
                 verified = self._finish_accumulation(c) if opts.verify else None
@@ -220,7 +223,6 @@ class MatmulJob:
             return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
         if state is not None:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
-        self.output.save_input_listings(now)
         attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
         attributes.update(operands.attributes(plan.transposed, plan.symmetric))  # for verify
         attributes["precision"] = plan.precision  # verify's tolerance follows it
@@ -231,6 +233,8 @@ class MatmulJob:
             shards=plan.out.shards, dimension_names=self.dimension_names,
             zarr_format=self.options.output.zarr_format,
         )  # fmt: skip
+        # After the array: a folder holding listings but no array of ours is never a new OUT.
+        self.output.save_input_listings(now)
         return set()
 
     def _written_rows(

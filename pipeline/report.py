@@ -4,6 +4,7 @@ distributed's performance report of a run (--report)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pipeline.cputime import ROWS
@@ -229,9 +230,20 @@ def report_context(
     Needs a default distributed Client, like ``performance_report``."""
     if not path:
         return contextlib.nullcontext()
+    return _report(path, storage_options)
+
+
+@contextlib.contextmanager
+def _report(path: str, storage_options: dict[str, Any] | None) -> Iterator[None]:
     from distributed import performance_report
 
-    return performance_report(filename=path, mode="inline", storage_options=storage_options)
+    from pipeline.store.report_file import staged
+
+    with (
+        staged(path) as target,
+        performance_report(filename=target, mode="inline", storage_options=storage_options),
+    ):
+        yield
 
 
 def add_to_report(
@@ -241,19 +253,17 @@ def add_to_report(
     and summary at the top of the saved performance report."""
     import html
 
-    import fsspec
+    from pipeline.store.report_file import read_report, write_report
 
     section = (
         '<section id="tilegemm-accounting" style="font-family:monospace;padding:8px">'
         f"<h3>zarr-tilegemm</h3><pre>{html.escape(format_summary(result))}\n"
         f"{html.escape(format_accounting(result))}</pre></section>"
     )
-    with fsspec.open(path, "r", **(storage_options or {})) as f:
-        page = f.read()
+    page = read_report(path, storage_options).decode("utf-8", "replace")
     at = page.find("<body>")
     page = page[: at + 6] + section + page[at + 6 :] if at >= 0 else section + page
-    with fsspec.open(path, "w", **(storage_options or {})) as f:
-        f.write(page)
+    write_report(path, page.encode(), storage_options)
 
 
 def _unexpected(result: VerifyResult) -> str:

@@ -24,12 +24,20 @@ import zarr
 from pipeline.errors import UsageError
 from pipeline.plan import MatmulPlan
 from pipeline.store import journal
-from pipeline.store.fs import fsspec_options, read_json, url_to_fs, write_bytes
+from pipeline.store.door import Door
+from pipeline.store.fs import (
+    fsspec_options,
+    local_path,
+    read_json,
+    read_small,
+    url_to_fs,
+    write_bytes,
+)
 from pipeline.store.output import Output
+from pipeline.store.owned import SIDECAR
 from pipeline.store.resume import forget_stale
 from pipeline.store.signature import Listing
 
-SIDECAR = ".tilegemm-accumulate"
 STATE = "state.json"
 ORIGINAL = "original"
 SAVED = "saved"
@@ -90,14 +98,15 @@ def start(
 
 def _begin(out: Output, plan: MatmulPlan, fp: str, now: dict[str, Listing]) -> None:
     side = sidecar(out)
+    local = local_path(out.url)
+    if local is not None:
+        with Door(local, "C").folder(SIDECAR, create=True):
+            pass
     side.save_input_listings(now)  # before the state: a started accumulation always has one
-    fs, path = url_to_fs(out.url, out.storage_options)
     for name in METADATA:  # C's own: its moved objects decode there as they did in C
-        try:
-            document = fs.cat_file(f"{path.rstrip('/')}/{name}")
-        except FileNotFoundError:
-            continue
-        write_bytes(f"{side.url}/{ORIGINAL}", name, document, out.storage_options)
+        document = read_small(out.url, name, out.storage_options)
+        if document is not None:
+            write_bytes(side.url, f"{ORIGINAL}/{name}", document, out.storage_options)
     state = {"fingerprint": fp, "complete": False, "tile_shape": list(plan.tile_shape)}
     write_bytes(side.url, STATE, json.dumps(state).encode(), out.storage_options)
 
@@ -117,6 +126,16 @@ def move_originals(out: Output, keys: list[str]) -> None:
     """Move C's objects into ``original/`` before the tile's first write. Safe to repeat: an
     object moved by an earlier run is not in C any more (nothing writes C before the tile's
     marker), and one never written is C's fill value in both places."""
+    local = local_path(out.url)
+    if local is not None:
+        door = Door(local, "C")
+        for key in keys:
+            target = f"{SIDECAR}/{ORIGINAL}/{key}"
+            if door.exists(target):  # linked there by a run killed before its unlink
+                door.remove(key)
+                continue
+            door.rename(key, target)
+        return
     fs, path = url_to_fs(out.url, out.storage_options)
     root = path.rstrip("/")
     for key in keys:
@@ -137,6 +156,12 @@ def mark_complete(out: Output) -> None:
 
 def remove(out: Output) -> None:
     """Delete the accumulation's folder (its originals go with it)."""
+    local = local_path(out.url)
+    if local is not None:
+        door = Door(local, "C")
+        if door.exists(SIDECAR):
+            door.remove_tree(SIDECAR)
+        return
     fs, path = url_to_fs(sidecar(out).url, out.storage_options)
     if fs.exists(path):
         fs.rm(path, recursive=True)

@@ -3,28 +3,27 @@
 A buffered write copies every byte into freshly allocated page-cache pages in the kernel:
 writing 512 MiB with ``dd`` took 1.13 s of system time here, with ``oflag=direct`` 0.07 s (the
 device reads our buffer itself), and OUT's chunks are not read back by the job. zarr's
-LocalStore has no such option, so this subclass changes only how a large chunk's bytes reach
-the file: staged into a page-aligned buffer (O_DIRECT's rule; a copy in user space, far
-cheaper than the kernel's into new pages), written to a temporary file and renamed over the
-chunk as zarr does. Small objects (metadata, chunks under DIRECT_MIN_BYTES, issue 18's small
-chunks) and file systems refusing O_DIRECT (tmpfs) are written as zarr writes them.
+LocalStore has no such option, so OUT's store stages a large chunk into a page-aligned buffer
+(O_DIRECT's rule; a copy in user space, far cheaper than the kernel's into new pages), written
+to a temporary file and renamed over the chunk as zarr does. Small objects (metadata, chunks
+under DIRECT_MIN_BYTES) and file systems refusing O_DIRECT (tmpfs) are written buffered. Both
+go through OUT's door (pipeline.store.door).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import errno
 import mmap
 import os
-import re
 import threading
-import uuid
 from pathlib import Path
 from typing import Any
 
 from zarr.core.buffer import Buffer
 from zarr.storage import LocalStore
+
+from pipeline.errors import UnsafeOutputError
+from pipeline.store.door import Door
 
 DIRECT_MIN_BYTES = 2**20
 """Smaller writes go through the page cache: their copy costs little, a device round trip
@@ -40,63 +39,60 @@ _free: list[mmap.mmap] = []
 _free_lock = threading.Lock()
 
 
-class DirectLocalStore(LocalStore):
-    """A LocalStore whose large chunk writes bypass the page cache where the file system allows."""
+class OutStore(LocalStore):
+    """A local OUT (or C) as zarr sees it: zarr's LocalStore for reads, every write and delete
+    through the folder's door (pipeline.store.door: no link followed, nothing outside the
+    folder touched), large chunks written around the page cache where the file system allows."""
+
+    def __init__(self, root: Path | str, *, read_only: bool = False, what: str = "OUT") -> None:
+        super().__init__(root, read_only=read_only)
+        self.door = Door(str(self.root), what)
+
+    def with_read_only(self, read_only: bool = False) -> OutStore:
+        return type(self)(self.root, read_only=read_only, what=self.door.what)
 
     async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
-        if exclusive or len(value) < DIRECT_MIN_BYTES or not hasattr(os, "O_DIRECT"):
-            await super()._set(key, value, exclusive=exclusive)
-            return
         if not self._is_open:
             await self._open()
         self._check_writable()
-        if not await asyncio.to_thread(write_direct, self.root / key, value.as_buffer_like()):
-            await super()._set(key, value)
+        await asyncio.to_thread(self._write, key, value.as_buffer_like(), exclusive)
+
+    def set_sync(self, key: str, value: Buffer) -> None:
+        self._check_writable()
+        self._write(key, value.as_buffer_like(), False)
+
+    def _write(self, key: str, data: Any, exclusive: bool) -> None:
+        view = memoryview(data).cast("B")
+        direct = not exclusive and len(view) >= DIRECT_MIN_BYTES and hasattr(os, "O_DIRECT")
+        if direct and write_direct(self.door, key, view):
+            return
+        self.door.write(key, view, exclusive=exclusive)
+
+    async def delete(self, key: str) -> None:
+        self._check_writable()
+        await asyncio.to_thread(self.door.remove, key)
+
+    def delete_sync(self, key: str) -> None:
+        self._check_writable()
+        self.door.remove(key)
+
+    async def delete_dir(self, prefix: str) -> None:
+        self._check_writable()
+        if prefix and self.door.exists(prefix):
+            await asyncio.to_thread(self.door.remove_tree, prefix)
+
+    async def clear(self) -> None:
+        raise UnsafeOutputError(f"{self.root}: clearing a whole store is never done here")
+
+    async def move(self, dest_root: Path | str) -> None:
+        raise UnsafeOutputError(f"{self.root}: moving a whole store is never done here")
 
 
-def write_direct(path: Path, data: Any) -> bool:
-    """Write ``data`` to ``path`` (via a temporary file, renamed over it); False, having
-    written nothing, where the file system refuses O_DIRECT."""
+def write_direct(door: Door, key: str, data: Any) -> bool:
+    """Write ``data`` to ``key`` inside the door's folder with O_DIRECT (a temporary file,
+    renamed over it); False, having written nothing, where the file system refuses it."""
     view = memoryview(data).cast("B")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{uuid.uuid4().hex}.partial")
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_DIRECT, 0o666)
-    except OSError:  # EINVAL: no O_DIRECT here (tmpfs)
-        return False
-    try:
-        _write_all(fd, view)
-        os.close(fd)
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and e.errno == errno.EINVAL:
-            return False  # opened, but the file system refuses the writes themselves
-        raise
-    return True
-
-
-PARTIAL = re.compile(r"\.[0-9a-f]{32}\.partial$")
-"""A chunk's temporary file as this module and zarr's LocalStore name it (uuid4 hex)."""
-
-
-def remove_partials(root: str | None) -> int:
-    """Remove the temporary chunk files a killed writer left under a local OUT's folder
-    ``root`` (a worker SIGKILLed mid-write: its task ran again elsewhere, the file stayed);
-    returns how many. Called once the job holding OUT's lock has written every tile; None (not
-    a local OUT): 0."""
-    if root is None:
-        return 0
-    removed = 0
-    for folder, _, names in os.walk(root):
-        for name in names:
-            if PARTIAL.search(name):
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(folder, name))
-                    removed += 1
-    return removed
+    return door.write_with(key, lambda fd: _write_all(fd, view), flags=os.O_DIRECT)
 
 
 def _write_all(fd: int, view: memoryview) -> None:

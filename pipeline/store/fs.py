@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import uuid
 from typing import Any
 
 import fsspec
 
-from pipeline.errors import UsageError
+from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.store.door import SMALL_READ_BYTES, Door, create_folder
 
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
@@ -22,43 +22,76 @@ def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, st
 
 
 def write_bytes(url: str, relpath: str, data: bytes, storage_options: dict[str, Any]) -> None:
-    """Write ``relpath`` inside the store at ``url``, atomically (a crash leaves no torn file)."""
+    """Write ``relpath`` inside the store at ``url``, atomically (a crash leaves no torn file):
+    a local folder through its door (no link followed), an object store with one put."""
+    local = local_path(url)
+    if local is not None:
+        if not os.path.lexists(local):  # a sidecar's folder (OUT's own exists: claimed)
+            create_folder(local)
+        Door(local).write(relpath, data)
+        return
+    fs, path = url_to_fs(url, storage_options)
+    fs.pipe_file(f"{path.rstrip('/')}/{relpath}", data)  # an object store's put is atomic
+
+
+def read_small(url: str, relpath: str, storage_options: dict[str, Any] | None) -> bytes | None:
+    """A small file (a sidecar) inside the store at ``url``; None when there is none. Refused
+    when it is larger than a sidecar can be, or (local) a link or not a regular file."""
+    local = local_path(url)
+    if local is not None:
+        try:
+            return Door(local).read(relpath, SMALL_READ_BYTES)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
     fs, path = url_to_fs(url, storage_options)
     target = f"{path.rstrip('/')}/{relpath}"
-    fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)  # a no-op on object stores
-    if local_path(url) is None:
-        fs.pipe_file(target, data)  # an object store's put is atomic
-        return
-    # Local files: write aside, then rename, so a job killed mid-write leaves no torn file.
-    partial = f"{target}.{uuid.uuid4().hex}.partial"
-    fs.pipe_file(partial, data)
-    os.replace(partial, target)
+    try:
+        size = fs.size(target)
+        if size is not None and size > SMALL_READ_BYTES:
+            raise UnsafeOutputError(f"{url}/{relpath} holds {size:,} bytes: not a file of ours")
+        return bytes(fs.cat_file(target, start=0, end=SMALL_READ_BYTES + 1))[:SMALL_READ_BYTES]
+    except FileNotFoundError:
+        return None
 
 
 def read_json(url: str, relpath: str, storage_options: dict[str, Any] | None) -> Any:
     """The JSON file ``relpath`` inside the store at ``url``, parsed; None when there is none
     (a torn file raises ValueError: what it means is the caller's to say)."""
-    fs, path = url_to_fs(url, storage_options)
-    try:
-        return json.loads(fs.cat_file(f"{path.rstrip('/')}/{relpath}"))
-    except FileNotFoundError:
-        return None
+    data = read_small(url, relpath, storage_options)
+    return None if data is None else json.loads(data)
 
 
 def list_json(url: str, relpath: str, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
-    """The JSON files of a folder inside the store, parsed, by name; torn ones skipped."""
-    fs, path = url_to_fs(url, storage_options)
-    folder = f"{path.rstrip('/')}/{relpath}"
-    if not fs.exists(folder):
-        return []
+    """The JSON files of a folder inside the store, parsed, by name; torn ones skipped. One
+    that parses as anything but an object was not written by this tool: refused."""
+    local = local_path(url)
+    if local is not None:
+        try:
+            found = [e.path for e in Door(local).walk(relpath) if e.kind == "file"]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        names = sorted(p for p in found if p.count("/") == relpath.count("/") + 1)
+    else:
+        fs, path = url_to_fs(url, storage_options)
+        root = path.rstrip("/")
+        if not fs.exists(f"{root}/{relpath}"):
+            return []
+        listed = fs.ls(f"{root}/{relpath}", detail=False)
+        names = sorted(str(p)[len(root) + 1 :] for p in listed)
     entries = []
-    for p in sorted(fs.ls(folder, detail=False)):
-        if not str(p).endswith(".json"):
+    for name in names:
+        if not name.endswith(".json"):
             continue  # e.g. a ".partial" file of a job killed mid-write
         try:
-            entries.append(json.loads(fs.cat_file(p)))
+            entry = json.loads(read_small(url, name, storage_options) or b"null")
         except ValueError:  # torn by a crash (stores without atomic writes): not an entry
             continue
+        if not isinstance(entry, dict):
+            raise UsageError(
+                f"{url.rstrip('/')}/{name} holds a JSON {type(entry).__name__}, not an entry "
+                "this tool wrote; use --overwrite to start over (or remove that file)"
+            )
+        entries.append(entry)
     return entries
 
 

@@ -18,7 +18,8 @@ from numpy.typing import NDArray
 from pipeline.errors import UsageError, storage_problem
 from pipeline.plan import MatmulPlan, Tile
 from pipeline.store import chunk_read, mirror
-from pipeline.store.fs import fsspec_options, list_json, url_to_fs
+from pipeline.store.door import Door
+from pipeline.store.fs import fsspec_options, list_json, local_path, url_to_fs
 
 log = logging.getLogger("pipeline")
 JOURNAL_DIR = "journal"
@@ -66,7 +67,7 @@ def journaled(
     tiles = {t.index: t for t in plan.tiles()}
     claimed = {}
     for entry in list_json(journal_url, JOURNAL_DIR, storage_options):
-        tile = tiles.get(tuple(entry.get("index", ())))
+        tile = tiles.get(_index(entry))
         if tile is not None and entry.get("fingerprint") == fp and "rows" not in entry:
             claimed[tile.index] = (tile, entry.get("checksum"))
 
@@ -91,8 +92,9 @@ def written_rows(
     Gram and split-K tiles write whole (no band entries)."""
     bands: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for band in list_json(journal_url, JOURNAL_DIR, storage_options):
-        rows, index = band.get("rows"), tuple(band.get("index", ()))
-        if band.get("fingerprint") == fp and isinstance(rows, list) and index not in skip:
+        rows, index = band.get("rows"), _index(band)
+        pair = isinstance(rows, list) and len(rows) == 2 and all(type(r) is int for r in rows)
+        if band.get("fingerprint") == fp and pair and index is not None and index not in skip:
             bands.setdefault(index, {})[rows[0]] = band
     if not bands:
         return {}
@@ -201,22 +203,50 @@ def stale_tiles(
 def forget(url: str, storage_options: dict[str, Any], tiles: set[tuple[int, int]]) -> None:
     """Remove the journal entries of ``tiles``, their bands' too (their bytes are no longer to
     be trusted)."""
-    fs, path = url_to_fs(url, storage_options)
-    root = path.rstrip("/")
-    for index in tiles:
-        names = [f"{root}/{entry_name(index)}"]
-        names += fs.glob(f"{root}/{JOURNAL_DIR}/band-{index[0]}-{index[1]}-*.json")
-        for name in names:
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm_file(name)
+    prefixes = tuple(f"{JOURNAL_DIR}/band-{i}-{j}-" for i, j in tiles)
+    names = [entry_name(index) for index in tiles]
+    names += [n for n in _entries(url, storage_options) if n.startswith(prefixes)]
+    _remove(url, storage_options, names)
 
 
 def forget_bands(url: str, storage_options: dict[str, Any]) -> None:
     """Remove every band entry (the job is complete: each tile has its own entry)."""
+    bands = [n for n in _entries(url, storage_options) if n.startswith(f"{JOURNAL_DIR}/band-")]
+    _remove(url, storage_options, bands)
+
+
+def _entries(url: str, storage_options: dict[str, Any]) -> list[str]:
+    """The journal's file names, relative to the store (links are never followed)."""
+    local = local_path(url)
+    if local is not None:
+        try:
+            return [e.path for e in Door(local).walk(JOURNAL_DIR) if e.path.endswith(".json")]
+        except (FileNotFoundError, NotADirectoryError):
+            return []
     fs, path = url_to_fs(url, storage_options)
-    for name in fs.glob(f"{path.rstrip('/')}/{JOURNAL_DIR}/band-*.json"):
+    root = path.rstrip("/")
+    return [str(p)[len(root) + 1 :] for p in fs.glob(f"{root}/{JOURNAL_DIR}/*.json")]
+
+
+def _remove(url: str, storage_options: dict[str, Any], names: list[str]) -> None:
+    local = local_path(url)
+    if local is not None:
+        door = Door(local)
+        for name in names:
+            door.remove(name)
+        return
+    fs, path = url_to_fs(url, storage_options)
+    for name in names:
         with contextlib.suppress(FileNotFoundError):
-            fs.rm_file(name)
+            fs.rm_file(f"{path.rstrip('/')}/{name}")
+
+
+def _index(entry: dict[str, Any]) -> tuple[int, int] | None:
+    """An entry's tile index, or None when it holds no pair of integers."""
+    index = entry.get("index")
+    if isinstance(index, list) and len(index) == 2 and all(type(i) is int for i in index):
+        return (index[0], index[1])
+    return None
 
 
 def _overlaps(span: tuple[int, int], start: int, stop: int) -> bool:

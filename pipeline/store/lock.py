@@ -30,10 +30,15 @@ import psutil
 
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+from pipeline.store.door import Door
 from pipeline.store.fs import local_path, read_json, url_to_fs
 
 log = logging.getLogger("pipeline")
 LOCK_NAME = "lock.json"
+LOCK_FIELDS = frozenset({"pid", "host", "started", "process_started", "token"})
+LOCK_BYTES = 4096
+"""A lock record is well under this; more is not one of ours."""
+HEX = frozenset("0123456789abcdef")
 NO_FLOCK = (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL)
 """flock's errors on file systems without locks (some FUSE and parallel file systems)."""
 NAMING_SECONDS = 1.0
@@ -55,12 +60,14 @@ class HeldLock:
 
     def still_held(self) -> bool:
         if self.fd is not None:
-            return _same_file(self.fd, _lock_path(self.url, {}))
+            return _same_file(self.fd, self.url)
         return (read_lock(self.url, self.storage_options) or {}).get("token") == self.token
 
     def release(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.still_held():  # unlinked while still locked: a waiter re-checks the inode
+        with contextlib.suppress(OSError, UnsafeOutputError):
+            if self.fd is not None:  # unlinked while still locked: a waiter re-checks the inode
+                Door(self.url).remove_if_same(LOCK_NAME, self.fd)
+            elif self.still_held():
                 fs, _ = url_to_fs(self.url, self.storage_options)
                 fs.rm_file(_lock_path(self.url, self.storage_options))
         if self.fd is not None:
@@ -101,9 +108,9 @@ def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any
 
 
 def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:
-    path = _lock_path(url, {})
+    door = Door(url)
     for _ in range(20):
-        fd, created = _open_lock(path)
+        fd, created = _open_lock(door)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -113,11 +120,13 @@ def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:
         except OSError as e:
             os.close(fd)
             if created and e.errno in NO_FLOCK:  # left empty, it would refuse the lock file
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(path)
+                door.remove(LOCK_NAME)
             raise
-        if _same_file(fd, path):
+        if _same_file(fd, url):
             left = _read_fd(fd)
+            if not created and not _ours(fd, left):
+                os.close(fd)
+                raise _foreign(url)
             if left.get("pid") is not None:  # a job killed before it could remove its lock
                 log.info("OUT had a stale lock from a job that is gone (%s); taking it over",
                          _who(left))  # fmt: skip
@@ -154,13 +163,37 @@ def _acquire_object(url: str, storage_options: dict[str, Any], mine: dict[str, A
     raise UnsafeOutputError(f"OUT ({url}): its lock changed hands 3 times in a row; rerun")
 
 
-def _open_lock(path: str) -> tuple[int, bool]:
-    """The lock file, opened read-write, and whether this call created it."""
-    while True:
+def _open_lock(door: Door) -> tuple[int, bool]:
+    """The lock file, opened read-write, and whether this call created it: created with
+    ``O_EXCL | O_NOFOLLOW``, or reopened only as a regular file (a link, a FIFO or a folder
+    at its name is refused, never followed)."""
+    for _ in range(100):
         with contextlib.suppress(FileExistsError):
-            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+            return door.create(LOCK_NAME, b""), True
         with contextlib.suppress(FileNotFoundError):  # removed as we looked: create it then
-            return os.open(path, os.O_RDWR | os.O_CLOEXEC), False
+            return door.open_existing(LOCK_NAME), False
+    raise UnsafeOutputError(f"OUT ({door.root}): its lock file keeps appearing and vanishing")
+
+
+def is_lock_record(holder: object) -> bool:
+    """A lock as this tool writes it (``_holder``): its fields, a 32-digit hex token."""
+    if not isinstance(holder, dict) or not LOCK_FIELDS <= holder.keys():
+        return False
+    token = holder.get("token")
+    return isinstance(token, str) and len(token) == 32 and all(c in HEX for c in token)
+
+
+def _ours(fd: int, holder: dict[str, Any]) -> bool:
+    """An existing lock file may be taken over only when it is ours by its content: a lock
+    record, or empty (a job killed between creating and writing it)."""
+    return os.fstat(fd).st_size == 0 or is_lock_record(holder)
+
+
+def _foreign(url: str) -> UnsafeOutputError:
+    return UnsafeOutputError(
+        f"OUT ({url}) holds a {LOCK_NAME} that is not a lock this tool wrote; it will not be "
+        "replaced: move it away or choose another OUT"
+    )
 
 
 def _holder() -> dict[str, Any]:
@@ -215,12 +248,14 @@ def _lock_path(url: str, storage_options: dict[str, Any] | None) -> str:
     return f"{path.rstrip('/')}/{LOCK_NAME}"
 
 
-def _same_file(fd: int, path: str) -> bool:
-    """``fd`` is still the file at ``path`` (not removed, nor replaced by another)."""
+def _same_file(fd: int, url: str) -> bool:
+    """``fd`` is still OUT's lock file (not removed, nor replaced by another or a link)."""
     try:
-        return os.stat(path).st_ino == os.fstat(fd).st_ino
+        with Door(url).folder() as folder:
+            st = os.stat(LOCK_NAME, dir_fd=folder, follow_symlinks=False)
     except FileNotFoundError:
         return False
+    return os.path.samestat(st, os.fstat(fd))
 
 
 def _named_holder(fd: int) -> dict[str, Any]:
@@ -234,7 +269,7 @@ def _named_holder(fd: int) -> dict[str, Any]:
 
 def _read_fd(fd: int) -> dict[str, Any]:
     try:
-        holder = json.loads(os.pread(fd, 4096, 0))
+        holder = json.loads(os.pread(fd, LOCK_BYTES, 0))
     except (OSError, ValueError):
         return {"pid": None, "host": None}
     return holder if isinstance(holder, dict) else {"pid": None, "host": None}

@@ -22,7 +22,8 @@ from zarr.codecs import BloscCodec
 from pipeline import settings
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
-from pipeline.store import groups, journal, lock, owned, signature
+from pipeline.store import door, groups, journal, lock, owned, signature
+from pipeline.store.direct import OutStore
 from pipeline.store.fs import (
     check_protocol,
     check_writable,
@@ -35,12 +36,11 @@ from pipeline.store.fs import (
     write_bytes,
 )
 from pipeline.store.handles import cached_array
+from pipeline.store.owned import ATTRS_KEY
+from pipeline.store.reach import reach, shared
 
 if TYPE_CHECKING:
     from pipeline.plan import MatmulPlan
-
-ATTRS_KEY = "tilegemm"
-"""Attribute namespace this tool writes into OUT; its presence marks OUT as ours."""
 
 
 @dataclass(frozen=True)
@@ -66,37 +66,72 @@ class Output:
                     f"OUT ({self.url}) overlaps input {name} ({url}); inputs are never "
                     "written: choose an OUT path outside every input"
                 )
+        self.check_apart(list(zip(("A", "B", "C"), inputs, strict=False)))
+
+    def check_apart(self, inputs: list[tuple[str, str]]) -> None:
+        """Refuse a local OUT that reaches a folder or file an input reaches, links followed
+        (an input's ``c/`` linked into OUT, OUT's into an input): by identity, not by name."""
+        local = local_path(self.url)
+        if local is None:
+            return
+        out = reach(local)
+        for name, url in inputs:
+            path = local_path(url)
+            hit = None if path is None else shared(out, reach(path))
+            if hit is not None:
+                raise self._shared(name, url, hit)
+
+    def _shared(self, name: str, url: str, hit: tuple[str, str]) -> UnsafeOutputError:
+        return UnsafeOutputError(
+            f"OUT ({self.url}) and input {name} ({url}) reach the same folder or file "
+            f"(OUT's {hit[0] or '.'} is {name}'s {hit[1] or '.'}, through a link); inputs are "
+            "never written: choose an OUT apart from every input, or remove the link"
+        )
 
     def state(self) -> dict[str, Any] | None:
         """None when OUT does not exist (or is a folder holding nothing but a lock); our
         attributes when it is one of our arrays; else refuse (something this tool did not
         write is never replaced)."""
+        found = self._listing()
+        if found is False:
+            return None
+        record = None if found is None else owned.read_record(self.url, self.storage_options, found)
+        if found is not None and record is None and not owned.classify(found, None)[1]:
+            return None  # an empty folder, or one holding only a lock: a new OUT
+        attrs = None
+        if record is not None and record.ours:
+            try:
+                attrs = dict(self._open("r").attrs).get(ATTRS_KEY)
+            except Exception:  # noqa: BLE001 - anything unreadable is "not ours"
+                attrs = None
+        if not isinstance(attrs, dict):
+            names = [] if found is None else sorted(found.files) + sorted(found.other)
+            held = f" (it holds {owned.describe(names)})" if names else ""
+            raise UnsafeOutputError(
+                f"OUT ({self.url}) exists and is not a Zarr array written by this tool{held}; "
+                "it will not be replaced: choose another OUT path or remove it yourself"
+            )
+        return attrs
+
+    def _listing(self) -> owned.Found | None | bool:
+        """OUT's content; False when there is no OUT, None when it is not a folder."""
         fs, path = url_to_fs(self.url, self.storage_options)
+        local = local_path(self.url)
         try:
-            exists = fs.exists(path)
-            empty = exists and fs.isdir(path) and self._holds_only_lock(fs, path)
+            if local is not None:
+                if not os.path.lexists(local):
+                    return False
+                return owned.listing(self.url, self.storage_options)
+            if not fs.exists(path):
+                return False
+            return owned.listing(self.url, self.storage_options)
+        except UnsafeOutputError:  # a file, a link or a special file where OUT should be
+            return None
         except Exception as e:
             problem = storage_problem(e, self.storage_options)
             if problem is None:
                 raise
             raise UsageError(f"OUT ({self.url}) cannot be reached: {problem}") from e
-        if not exists or empty:
-            return None
-        try:
-            attrs = dict(self._open("r").attrs).get(ATTRS_KEY)
-        except Exception:  # noqa: BLE001 - anything unreadable is "not ours"
-            attrs = None
-        if not isinstance(attrs, dict):
-            raise UnsafeOutputError(
-                f"OUT ({self.url}) exists and is not a Zarr array written by this tool; "
-                "it will not be replaced: choose another OUT path or remove it yourself"
-            )
-        return attrs
-
-    @staticmethod
-    def _holds_only_lock(fs: Any, path: str) -> bool:
-        names = {str(p).rstrip("/").rsplit("/", 1)[-1] for p in fs.ls(path, detail=False)}
-        return names <= {lock.LOCK_NAME, signature.LISTING_NAME}  # killed before creating
 
     def _check_flags(self, overwrite: bool, resume: bool) -> None:
         if not (overwrite or resume):
@@ -144,7 +179,7 @@ class Output:
         finally:
             if created:  # a local folder: removed only if the job wrote nothing (it is empty)
                 with contextlib.suppress(OSError):
-                    os.rmdir(self.url)
+                    door.remove_empty_folder(self.url)
 
     def _make_folder(self) -> bool:
         """Create a local OUT's folder exclusively (True), or find it there (False)."""
@@ -152,16 +187,12 @@ class Output:
         if path is None:
             return False  # object stores have no folders: the lock's conditional write decides
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            os.mkdir(path)
-        except FileExistsError:
-            return False
+            return door.create_folder(path)
         except OSError as e:
             raise UsageError(
                 f"OUT ({self.url}) cannot be created ({e.strerror or e}); choose a location "
                 "you can write to"
             ) from e
-        return True
 
     def remove_ours(self) -> None:
         """--overwrite: delete what this tool wrote inside OUT, after refusing an OUT that
@@ -201,8 +232,9 @@ class Output:
             names["dimension_names"] = dimension_names
         elif dimension_names is not None:
             attrs["_ARRAY_DIMENSIONS"] = list(dimension_names)
+        store, options = self.store()
         return zarr.create_array(
-            self.url,
+            store,
             shape=shape,
             chunks=tuple(max(c, 1) for c in chunks),
             shards=shards,
@@ -211,9 +243,9 @@ class Output:
             compressors=output_compressors(dtype, zarr_format),
             zarr_format=zarr_format,  # type: ignore[arg-type]
             attributes=attrs,
-            storage_options=fsspec_options(self.url, self.storage_options),
             overwrite=False,  # replacing is remove_ours' job, under OUT's lock
             **names,
+            **options,
         )
 
     def zarr_format(self) -> int:
@@ -283,8 +315,15 @@ class Output:
         write_bytes(self.url, name, json.dumps(entry).encode(), self.storage_options)
 
     def _open(self, mode: str) -> Any:
-        options = fsspec_options(self.url, self.storage_options)
-        return zarr.open_array(self.url, mode=mode, storage_options=options)
+        store, options = self.store(read_only=mode == "r")
+        return zarr.open_array(store, mode=mode, **options)
+
+    def store(self, read_only: bool = False) -> tuple[Any, dict[str, Any]]:
+        """OUT for zarr, and the options to pass: a local OUT is a store that writes only
+        through OUT's door; an object store is its URL."""
+        if local_path(self.url) is not None:
+            return OutStore(self.url, read_only=read_only), {}
+        return self.url, {"storage_options": fsspec_options(self.url, self.storage_options)}
 
 
 def output_compressors(dtype: str, zarr_format: int = 3) -> Any:

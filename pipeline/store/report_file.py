@@ -3,17 +3,25 @@ not a report this tool (or distributed) wrote."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import tempfile
+from collections.abc import Iterator
 from typing import Any
 
+import fsspec
+
 from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.store.door import Door
 from pipeline.store.fs import inside, local_path, location, resolve_url, url_to_fs
 
 log = logging.getLogger("pipeline")
 REPORT_MARKS = (b"<title>Dask Performance Report</title>", b'id="tilegemm-accounting"')
 """What a report of ours holds near its start (distributed's title, our section)."""
 HEAD_BYTES = 1 << 16
+REPORT_BYTES = 1 << 30
+"""A report is read back (to add our section) only up to this size."""
 
 
 def check_report(report: str, stores: dict[str, str], storage_options: dict[str, Any]) -> str:
@@ -35,17 +43,76 @@ def check_report(report: str, stores: dict[str, str], storage_options: dict[str,
             f"--report {report}: its folder {os.path.dirname(folder)} is missing or not "
             "writable; create it or give another path"
         )
+    if folder is not None and os.path.isdir(folder):
+        raise UsageError(f"--report {report} is a folder; give a file name such as report.html")
+    head = _head(url, storage_options)
+    if head is None:
+        return url
+    _check_ours(head, report)
+    log.info("--report: replacing the earlier report %s", url)
+    return url
+
+
+@contextlib.contextmanager
+def staged(url: str) -> Iterator[str]:
+    """A private path for distributed to write a local report to; once it is written, it is
+    placed at ``url`` through its folder's door (never through a link planted meanwhile, never
+    over a file that is not a report of ours). Other URLs are written where they are."""
+    local = local_path(url)
+    if local is None:
+        yield url
+        return
+    with tempfile.TemporaryDirectory(prefix="tilegemm-report-") as folder:
+        path = os.path.join(folder, "report.html")
+        yield path
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                write_report(url, f.read(), {})
+
+
+def read_report(url: str, storage_options: dict[str, Any] | None) -> bytes:
+    local = local_path(url)
+    if local is not None:
+        data = _door(local).read(os.path.basename(local), REPORT_BYTES)
+        return data or b""
+    with fsspec.open(url, "rb", **(storage_options or {})) as f:
+        return bytes(f.read())
+
+
+def write_report(url: str, data: bytes, storage_options: dict[str, Any] | None) -> None:
+    """Write the report at ``url``: a local one only over nothing or a report of ours."""
+    local = local_path(url)
+    if local is None:
+        with fsspec.open(url, "wb", **(storage_options or {})) as f:
+            f.write(data)
+        return
+    head = _head(url, storage_options)
+    if head is not None:
+        _check_ours(head, url)
+    _door(local).write(os.path.basename(local), data)
+
+
+def _head(url: str, storage_options: dict[str, Any] | None) -> bytes | None:
+    """The first HEAD_BYTES of the file at ``url`` (None: there is none); a local link,
+    folder or special file is refused, never opened."""
+    local = local_path(url)
+    if local is not None:
+        return _door(local).read_head(os.path.basename(local), HEAD_BYTES)
     fs, path = url_to_fs(url, storage_options)
     if not fs.exists(path):
-        return url
+        return None
     if fs.isdir(path):
-        raise UsageError(f"--report {report} is a folder; give a file name such as report.html")
-    with fs.open(path, "rb") as f:
-        head = f.read(HEAD_BYTES)
+        raise UsageError(f"--report {url} is a folder; give a file name such as report.html")
+    return bytes(fs.cat_file(path, start=0, end=HEAD_BYTES))
+
+
+def _check_ours(head: bytes, report: str) -> None:
     if not any(mark in head for mark in REPORT_MARKS):
         raise UnsafeOutputError(
             f"--report {report} exists and is not a performance report this tool wrote; it "
             "will not be replaced: choose another file name or remove it yourself"
         )
-    log.info("--report: replacing the earlier report %s", url)
-    return url
+
+
+def _door(local: str) -> Door:
+    return Door(os.path.dirname(local) or ".", "--report's folder")

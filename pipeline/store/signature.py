@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from pipeline.store.fs import url_to_fs
+from pipeline.store.fs import local_path, url_to_fs
+from pipeline.store.reach import reach
 
 MARKS = ("size", "mtime", "created", "ino", "ETag", "etag", "LastModified", "last_modified",
          "generation", "md5Hash", "crc32c", "crc", "date_time")  # fmt: skip
@@ -28,7 +29,11 @@ Listing = dict[str, str]
 
 
 def data_listing(url: str, storage_options: dict[str, Any] | None) -> Listing:
-    """The input at ``url`` as stored now: every object's name and change marks."""
+    """The input at ``url`` as stored now: every object's name and change marks (a local
+    input's links followed, as its reads follow them, each folder once)."""
+    local = local_path(url)
+    if local is not None:
+        return reach(local).files
     fs, root = url_to_fs(url, storage_options)
     root = root.rstrip("/")
     found = fs.find(root, detail=True) if fs.isdir(root) else {root: fs.info(root)}

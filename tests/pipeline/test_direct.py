@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.store import direct
-from pipeline.store.direct import ALIGN, DIRECT_MIN_BYTES, DirectLocalStore, write_direct
+from pipeline.store import direct, owned
+from pipeline.store.direct import ALIGN, DIRECT_MIN_BYTES, OutStore, write_direct
+from pipeline.store.door import Door
 
 
 @pytest.mark.parametrize(
@@ -27,7 +28,7 @@ def test_writes_the_same_bytes(tmp_path: Path, nbytes: int) -> None:
     path = tmp_path / "c" / "0" / "1"
     path.parent.mkdir(parents=True)
     path.write_bytes(b"old")  # replaced whole, as zarr's rename does
-    if not write_direct(path, data):
+    if not write_direct(Door(str(tmp_path)), "c/0/1", data):
         pytest.skip("this file system refuses O_DIRECT (the store test covers the fallback)")
     assert path.read_bytes() == data.tobytes()
     assert os.listdir(path.parent) == ["1"]  # no .partial file left
@@ -38,8 +39,7 @@ def test_a_refused_o_direct_writes_nothing(tmp_path: Path, monkeypatch: pytest.M
         raise OSError(22, "Invalid argument")
 
     monkeypatch.setattr(direct.os, "pwrite", refuse)
-    path = tmp_path / "chunk"
-    assert not write_direct(path, np.zeros(DIRECT_MIN_BYTES, np.uint8))
+    assert not write_direct(Door(str(tmp_path)), "chunk", np.zeros(DIRECT_MIN_BYTES, np.uint8))
     assert os.listdir(tmp_path) == []
 
 
@@ -50,11 +50,11 @@ def test_store_round_trip_with_and_without_o_direct(
     values = rng.standard_normal((1100, 700)).astype(np.float32)  # edge chunks: partial
     for refused in (False, True):
         if refused:  # tmpfs and the like: zarr's own buffered write
-            monkeypatch.setattr(direct, "write_direct", lambda path, data: False)
+            monkeypatch.setattr(direct, "write_direct", lambda door, key, data: False)
         url = str(tmp_path / f"c{int(refused)}.zarr")
         zarr.create_array(url, shape=values.shape, chunks=(512, 512), dtype="float32",
                           compressors=None, fill_value=np.nan)  # fmt: skip
-        out = zarr.open_array(store=DirectLocalStore(url), mode="r+")
+        out = zarr.open_array(store=OutStore(url), mode="r+")
         out[:, :] = values
         assert np.array_equal(zarr.open_array(url, mode="r")[:], values)
         assert not list(Path(url).rglob("*.partial"))
@@ -65,24 +65,29 @@ def test_workers_write_a_local_out_through_it(tmp_path: Path) -> None:
 
     url = str(tmp_path / "c.zarr")
     zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="float32")
-    assert isinstance(cached_array(url, {}, "job", writable=True).store, DirectLocalStore)
-    assert not isinstance(cached_array(url, {}, "job").store, DirectLocalStore)  # inputs: read
+    assert isinstance(cached_array(url, {}, "job", writable=True).store, OutStore)
+    assert not isinstance(cached_array(url, {}, "job").store, OutStore)  # inputs: read
 
 
-def test_remove_partials_takes_only_temporary_chunk_files(tmp_path: Path) -> None:
-    """What a writer killed mid-chunk leaves (ours or zarr's: name.<uuid4 hex>.partial) goes;
-    chunks, metadata and files merely named like it stay."""
+def test_remove_partials_takes_only_temporary_files_of_our_names(tmp_path: Path) -> None:
+    """What a writer killed mid-chunk leaves (ours or zarr's: name.<uuid4 hex>.partial, of a
+    name OUT's record owns) goes; chunks, metadata and files merely named like it stay."""
+    url = str(tmp_path / "c.zarr")
+    zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="float32",
+                      attributes={owned.ATTRS_KEY: {"tile_shape": [4, 4]}})  # fmt: skip
+    root = Path(url)
     hexname = "0123456789abcdef0123456789abcdef"
-    left = [tmp_path / "c" / "0" / f"1.{hexname}.partial", tmp_path / f"a.{hexname}.partial"]
+    left = [root / "c" / "0" / f"1.{hexname}.partial", root / f"zarr.json.{hexname}.partial"]
     kept = [
-        tmp_path / "c" / "0" / "1",
-        tmp_path / "zarr.json",
-        tmp_path / "c" / "0" / "2.partial",  # no uuid
-        tmp_path / "c" / "0" / f"3.{hexname[:-1]}.partial",  # 31 hex digits
+        root / "c" / "0" / "1",
+        root / "c" / "0" / "2.partial",  # no uuid
+        root / "c" / "0" / f"3.{hexname[:-1]}.partial",  # 31 hex digits
+        root / "c" / "0" / f"9.{hexname}.partial",  # outside the grid: not a name of ours
+        root / f"notes.txt.{hexname}.partial",
     ]
     for path in left + kept:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(b"x")
-    assert direct.remove_partials(str(tmp_path)) == 2
+    assert owned.remove_partials(url) == 2
     assert not any(p.exists() for p in left) and all(p.exists() for p in kept)
-    assert direct.remove_partials(None) == 0  # not a local OUT
+    assert owned.remove_partials(None) == 0  # not a local OUT

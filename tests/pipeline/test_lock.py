@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import uuid
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,8 @@ def holder(out: Path, seconds: float) -> subprocess.Popen[str]:
 
 
 def write_lock(out: Path, pid: int, host: str, process_started: float) -> None:
-    lock_ = {"pid": pid, "host": host, "started": time.time(), "process_started": process_started}
+    lock_ = {"pid": pid, "host": host, "started": time.time(), "process_started": process_started,
+             "token": uuid.uuid4().hex}  # fmt: skip
     (out / "lock.json").write_text(json.dumps(lock_))
 
 

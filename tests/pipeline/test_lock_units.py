@@ -7,6 +7,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import uuid
 import logging
 import os
 import socket
@@ -134,7 +135,10 @@ def busy(url: str, pid: object, host: object, started: float) -> str:
 
 
 def write_lock(out: Path, **fields: Any) -> None:
-    (out / "lock.json").write_text(json.dumps(fields))
+    """A lock record as this tool writes one (its fields and a token), ``fields`` over it."""
+    record = {"pid": None, "host": None, "started": 0, "process_started": 0,
+              "token": uuid.uuid4().hex}  # fmt: skip
+    (out / "lock.json").write_text(json.dumps({**record, **fields}))
 
 
 def open_fds() -> int:
@@ -259,11 +263,12 @@ def test_a_lock_file_removed_as_it_is_opened_is_created_again(
     path, real, calls = str(out / "lock.json"), os.open, []
     (out / "lock.json").write_text("")
 
-    def racing_open(name: Any, flags: int, mode: int = 0o777) -> int:
-        calls.append(flags)
-        if name == path and not flags & os.O_CREAT and len(calls) == 2:
-            os.unlink(path)
-        return real(name, flags, mode)
+    def racing_open(name: Any, flags: int, mode: int = 0o777, *, dir_fd: Any = None) -> int:
+        if name == "lock.json":  # opened by name inside OUT's folder
+            calls.append(flags)
+            if not flags & os.O_CREAT and len(calls) == 2:
+                os.unlink(path)
+        return real(name, flags, mode, dir_fd=dir_fd)
 
     monkeypatch.setattr(lock.os, "open", racing_open)
     held = lock.acquire(str(out), {})

@@ -26,10 +26,14 @@ from pipeline.store.output import ATTRS_KEY, Output, output_compressors
 from tests.helpers import write_array
 
 
+TILED = {"tile_shape": [2, 3]}
+"""Our record's tile shape: which journal entries an array of ours may hold."""
+
+
 def ours(tmp_path: Path, name: str = "out.zarr", **attributes: Any) -> Output:
     """One of our arrays (4x6 float32 in 2x3 chunks) at ``tmp_path/name``."""
     out = Output(str(tmp_path / name))
-    out.create((4, 6), (2, 3), "float32", {"fingerprint": "f0", **attributes})
+    out.create((4, 6), (2, 3), "float32", {"fingerprint": "f0", **TILED, **attributes})
     return out
 
 
@@ -91,8 +95,10 @@ def test_state_of_nothing_and_of_a_folder_holding_only_a_lock(tmp_path: Path) ->
     (tmp_path / "out.zarr").mkdir()
     assert out.state() is None  # empty
     (tmp_path / "out.zarr" / "lock.json").write_text("{}")
+    assert out.state() is None  # killed before creating the array (the lock checks its own)
     (tmp_path / "out.zarr" / "inputs.json").write_text("{}")
-    assert out.state() is None  # killed before creating the array
+    with pytest.raises(UnsafeOutputError, match=r"holds inputs.json, lock.json"):
+        out.state()  # listings are written after the array: without one, they are not ours
 
 
 @pytest.mark.parametrize("names", [["lock.jsonX"], ["inputs.json "], ["lock.json", "c"]])
@@ -107,7 +113,7 @@ def test_a_folder_holding_more_than_a_lock_is_not_empty(tmp_path: Path, names: l
 
 def test_state_of_our_array_is_its_attributes(tmp_path: Path) -> None:
     out = ours(tmp_path, complete=False)
-    assert out.state() == {"fingerprint": "f0", "complete": False}
+    assert out.state() == {"fingerprint": "f0", "complete": False, **TILED}
 
 
 @pytest.mark.parametrize("what", ["foreign array", "file", "folder"])
@@ -121,9 +127,11 @@ def test_state_refuses_what_is_not_ours(tmp_path: Path, what: str) -> None:
         path.mkdir()
         (path / "lock.json").write_text("{}")
         (path / "thesis.tex").write_text("years of work")
+    held = {"foreign array": " (it holds c/0/0, zarr.json)", "file": "",
+            "folder": " (it holds lock.json, thesis.tex)"}[what]  # fmt: skip
     want = (
-        f"OUT ({path}) exists and is not a Zarr array written by this tool; it will not be "
-        "replaced: choose another OUT path or remove it yourself"
+        f"OUT ({path}) exists and is not a Zarr array written by this tool{held}; it will not "
+        "be replaced: choose another OUT path or remove it yourself"
     )
     with pytest.raises(UnsafeOutputError, match=f"^{re.escape(want)}$"):
         Output(str(path)).state()
@@ -400,7 +408,7 @@ def test_mark_merges_attributes(tmp_path: Path) -> None:
     out = ours(tmp_path, complete=False, alpha=2.0)
     out.mark("f1", complete=True)
     out.mark("f2", verified=True)
-    want = {"fingerprint": "f2", "complete": True, "alpha": 2.0, "verified": True}
+    want = {"fingerprint": "f2", "complete": True, "alpha": 2.0, "verified": True, **TILED}
     assert out.state() == want
     bare = Output(str(tmp_path / "bare.zarr"))
     zarr.create_array(bare.url, shape=(1, 1), dtype="f4")
@@ -519,10 +527,10 @@ def test_every_operation_passes_the_storage_options(tmp_path: Path) -> None:
         out.check_path([f"{root}/a.zarr", f"{root}/b.zarr"])
         with out.claim(None, overwrite=False, resume=False) as (_, state):
             assert state is None and out.zarr_format() == 3
-            out.create((4, 6), (2, 3), "float32", {"fingerprint": "f0"})
+            out.create((4, 6), (2, 3), "float32", {"fingerprint": "f0", **TILED})
         assert out.layout()["chunks"] == (2, 3)
         out.mark("f1", complete=True)
-        assert out.state() == {"fingerprint": "f1", "complete": True}
+        assert out.state() == {"fingerprint": "f1", "complete": True, **TILED}
         out.writable("job-1")[0:2, 0:3] = 1
         out.journal_tile((0, 0), {"checksum": 1})
         out.journal_band((0, 1), (0, 2), {"checksum": 2})

@@ -1,0 +1,408 @@
+"""The one door for writes inside a local folder of ours (OUT, C, their sidecars, the report's
+folder): every create, write, rename and delete is made relative to the folder's descriptor,
+one path component at a time, never through a link.
+
+The model is ``shutil.rmtree``'s link-safe walk and Go's ``os.Root``: each component is opened
+with ``O_NOFOLLOW | O_DIRECTORY`` under its parent's descriptor, files are created with
+``O_EXCL | O_NOFOLLOW`` and renamed into place with ``dir_fd``; a link, a FIFO or a device
+anywhere on the way is refused, so no write can land outside the folder. ``..``, ``.`` and
+empty components are refused too. Nothing else in the code writes to a local OUT or C
+(``tests/pipeline/test_door.py`` checks the source).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from pipeline.errors import UnsafeOutputError
+
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+DIR_FLAGS = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+READ_FLAGS = os.O_RDONLY | O_NOFOLLOW | os.O_NONBLOCK | O_CLOEXEC
+SMALL_READ_BYTES = 16 << 20
+"""The most a sidecar (lock, journal entry, listing, state) is read: they are small JSON."""
+
+
+def partial_name(name: str) -> str:
+    """A temporary file beside ``name`` (renamed over it once written): zarr's spelling."""
+    return f"{name}.{uuid.uuid4().hex}.partial"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One thing inside the folder, as ``walk`` finds it (links are never followed)."""
+
+    path: str
+    """Relative to the folder, ``/``-separated; folders end without a slash."""
+    kind: str
+    """``file``, ``dir``, ``link`` or ``other`` (FIFO, socket, device)."""
+    size: int
+    dev: int
+    ino: int
+
+
+class Door:
+    """A local folder; every operation names a path relative to it."""
+
+    def __init__(self, root: str, what: str = "OUT") -> None:
+        self.root = root.rstrip("/") or "/"
+        self.what = what
+
+    # -- walking -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def folder(self, relpath: str = "", *, create: bool = False) -> Iterator[int]:
+        """A descriptor of the folder at ``relpath`` (created, component by component, with
+        ``create``); a link or a non-folder on the way is refused."""
+        parts = _parts(relpath, self.root)
+        fd = self._open_root()
+        for part in parts:
+            fd = self._step(fd, part, relpath, create)  # closes the parent, whatever happens
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _open_root(self) -> int:
+        try:
+            return os.open(self.root, DIR_FLAGS)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._refuse("", "is a symbolic link or not a folder") from e
+            raise
+
+    def _step(self, parent: int, part: str, relpath: str, create: bool) -> int:
+        try:
+            try:
+                child = os.open(part, DIR_FLAGS, dir_fd=parent)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, 0o777, dir_fd=parent)
+                child = os.open(part, DIR_FLAGS, dir_fd=parent)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise self._refuse(relpath, "passes through a symbolic link or a file") from e
+            raise
+        finally:
+            os.close(parent)
+        return child
+
+    def _refuse(self, relpath: str, problem: str) -> UnsafeOutputError:
+        where = f"{self.root}/{relpath}" if relpath else self.root
+        return UnsafeOutputError(
+            f"{self.what} ({self.root}): {where} {problem}; this tool writes only into folders "
+            f"of its own, never through links: remove it or choose another {self.what}"
+        )
+
+    # -- writes ------------------------------------------------------------------------------
+
+    def write(self, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
+        """Write ``name`` whole and atomically: a temporary file created beside it (``O_EXCL |
+        O_NOFOLLOW``), then renamed over it (``exclusive``: linked into place, refusing one
+        that exists). A link at ``name`` is replaced, never followed."""
+        head, base = _split(name)
+        with self.folder(head, create=True) as parent:
+            tmp = partial_name(base)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                         0o666, dir_fd=parent)  # fmt: skip
+            try:
+                try:
+                    _write_all(fd, memoryview(data).cast("B"))
+                finally:
+                    os.close(fd)
+                self._place(parent, tmp, base, name, exclusive)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent)
+                raise
+
+    def write_with(self, name: str, write: object, *, flags: int = 0) -> bool:
+        """Like ``write``, the temporary file filled by ``write(fd)`` (opened with extra
+        ``flags``, e.g. ``O_DIRECT``); False, having written nothing, where the open or
+        ``write`` raises EINVAL (a file system refusing those flags)."""
+        head, base = _split(name)
+        with self.folder(head, create=True) as parent:
+            tmp = partial_name(base)
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
+                             | flags, 0o666, dir_fd=parent)  # fmt: skip
+            except OSError as e:
+                if e.errno == errno.EINVAL:
+                    return False
+                raise
+            try:
+                try:
+                    write(fd)  # type: ignore[operator]
+                finally:
+                    os.close(fd)
+                self._place(parent, tmp, base, name, False)
+            except BaseException as e:
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp, dir_fd=parent)
+                if isinstance(e, OSError) and e.errno == errno.EINVAL:
+                    return False
+                raise
+        return True
+
+    def _place(self, parent: int, tmp: str, base: str, name: str, exclusive: bool) -> None:
+        if not exclusive:
+            self._check_replaceable(parent, base, name)
+            os.rename(tmp, base, src_dir_fd=parent, dst_dir_fd=parent)
+            return
+        os.link(tmp, base, src_dir_fd=parent, dst_dir_fd=parent, follow_symlinks=False)
+        os.unlink(tmp, dir_fd=parent)
+
+    def _check_replaceable(self, parent: int, base: str, name: str) -> None:
+        """A rename replaces a link or a file; a link here means someone planted it."""
+        try:
+            st = os.stat(base, dir_fd=parent, follow_symlinks=False)
+        except FileNotFoundError:
+            return
+        if not stat.S_ISREG(st.st_mode):
+            raise self._refuse(name, f"is {_kind_words(st.st_mode)}, not a file of ours")
+
+    def create(self, name: str, data: bytes) -> int:
+        """Create ``name`` exclusively (``O_EXCL | O_NOFOLLOW``) holding ``data``; returns its
+        open descriptor (read-write), which the caller closes. FileExistsError if anything,
+        a link included, is there."""
+        head, base = _split(name)
+        with self.folder(head, create=True) as parent:
+            fd = os.open(base, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
+                         0o644, dir_fd=parent)  # fmt: skip
+        if data:
+            os.pwrite(fd, data, 0)
+        return fd
+
+    def open_existing(self, name: str) -> int:
+        """``name`` opened read-write only if it is a regular file (not a link, FIFO,
+        device or folder); FileNotFoundError when there is none."""
+        head, base = _split(name)
+        with self.folder(head) as parent:
+            try:
+                fd = os.open(base, os.O_RDWR | O_NOFOLLOW | os.O_NONBLOCK | O_CLOEXEC,
+                             dir_fd=parent)  # fmt: skip
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
+                    raise self._refuse(name, "is a link, a folder or a special file") from e
+                raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise self._refuse(name, "is not a regular file")
+        return fd
+
+    def remove(self, name: str) -> bool:
+        """Delete the file ``name`` (True), or nothing is there (False); a folder, a FIFO or a
+        device is refused. A link is removed as a link (its target is never touched)."""
+        head, base = _split(name)
+        try:
+            with self.folder(head) as parent:
+                st = os.stat(base, dir_fd=parent, follow_symlinks=False)
+                if stat.S_ISDIR(st.st_mode):
+                    raise self._refuse(name, "is a folder where a file of ours was expected")
+                os.unlink(base, dir_fd=parent)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove_if_same(self, name: str, fd: int) -> bool:
+        """Delete ``name`` only while it is still the file open at ``fd`` (same inode)."""
+        head, base = _split(name)
+        try:
+            with self.folder(head) as parent:
+                st = os.stat(base, dir_fd=parent, follow_symlinks=False)
+                if not os.path.samestat(st, os.fstat(fd)):
+                    return False
+                os.unlink(base, dir_fd=parent)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def rmdir(self, name: str) -> bool:
+        """Remove the empty folder ``name`` (True); False when it is not there or not empty."""
+        head, base = _split(name)
+        try:
+            with self.folder(head) as parent:
+                os.rmdir(base, dir_fd=parent)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                return False
+            if e.errno == errno.ENOTDIR:
+                raise self._refuse(name, "is not a folder") from e
+            raise
+        return True
+
+    def rename(self, source: str, target: str) -> bool:
+        """Move ``source`` to ``target`` inside the folder (True), or nothing is at ``source``
+        (False); ``target`` must not exist."""
+        shead, sbase = _split(source)
+        thead, tbase = _split(target)
+        try:
+            with self.folder(shead) as sfd, self.folder(thead, create=True) as tfd:
+                st = os.stat(sbase, dir_fd=sfd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    raise self._refuse(source, f"is {_kind_words(st.st_mode)}, not a file")
+                os.link(sbase, tbase, src_dir_fd=sfd, dst_dir_fd=tfd, follow_symlinks=False)
+                os.unlink(sbase, dir_fd=sfd)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def remove_tree(self, relpath: str) -> int:
+        """Delete the folder ``relpath`` and everything in it, links as links, never
+        following one (as ``shutil.rmtree`` does on this platform); returns files removed."""
+        entries = [e for e in self.walk(relpath) if e.kind != "dir"]
+        for entry in entries:
+            self.remove(entry.path)
+        folders = sorted({e.path for e in self.walk(relpath) if e.kind == "dir"}, reverse=True)
+        for folder in [*folders, relpath]:
+            self.rmdir(folder)
+        return len(entries)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def read(self, name: str, limit: int = SMALL_READ_BYTES) -> bytes | None:
+        """The file ``name`` (None: not there), refused when it is not a regular file or holds
+        more than ``limit`` bytes."""
+        head, base = _split(name)
+        try:
+            with self.folder(head) as parent:
+                try:
+                    fd = os.open(base, READ_FLAGS, dir_fd=parent)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                        raise self._refuse(name, "is a link, a folder or a special file") from e
+                    raise
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._refuse(name, f"is {_kind_words(st.st_mode)}, not a file")
+            if st.st_size > limit:
+                raise self._refuse(name, f"holds {st.st_size:,} bytes, more than {limit:,}")
+            return os.pread(fd, limit + 1, 0)[:limit]
+        finally:
+            os.close(fd)
+
+    def read_head(self, name: str, nbytes: int) -> bytes | None:
+        """The first ``nbytes`` of the regular file ``name`` (None: not there)."""
+        head, base = _split(name)
+        try:
+            with self.folder(head) as parent:
+                try:
+                    fd = os.open(base, READ_FLAGS, dir_fd=parent)
+                except OSError as e:
+                    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
+                        raise self._refuse(name, "is a link, a folder or a special file") from e
+                    raise
+        except FileNotFoundError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise self._refuse(name, f"is {_kind_words(st.st_mode)}, not a file")
+            return os.pread(fd, nbytes, 0)
+        finally:
+            os.close(fd)
+
+    def exists(self, name: str) -> bool:
+        """Anything (a link included) at ``name``."""
+        head, base = _split(name)
+        try:
+            with self.folder(head) as parent:
+                os.stat(base, dir_fd=parent, follow_symlinks=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+        except UnsafeOutputError:
+            return True
+        return True
+
+    def walk(self, relpath: str = "") -> Iterator[Entry]:
+        """Everything under ``relpath``, links and special files reported, never followed."""
+        with self.folder(relpath) as fd:
+            yield from _walk(fd, relpath)
+
+
+def _walk(fd: int, prefix: str) -> Iterator[Entry]:
+    with os.scandir(fd) as it:
+        found = list(it)
+    for item in found:
+        st = item.stat(follow_symlinks=False)
+        path = f"{prefix}/{item.name}" if prefix else item.name
+        kind = _kind(st.st_mode)
+        yield Entry(path, kind, st.st_size, st.st_dev, st.st_ino)
+        if kind != "dir":
+            continue
+        try:
+            child = os.open(item.name, DIR_FLAGS, dir_fd=fd)
+        except FileNotFoundError:
+            continue  # removed as we looked
+        try:
+            if os.path.samestat(st, os.fstat(child)):  # nothing swapped in between
+                yield from _walk(child, path)
+        finally:
+            os.close(child)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISREG(mode):
+        return "file"
+    if stat.S_ISDIR(mode):
+        return "dir"
+    return "link" if stat.S_ISLNK(mode) else "other"
+
+
+def _kind_words(mode: int) -> str:
+    kind = _kind(mode)
+    return {"dir": "a folder", "link": "a symbolic link", "other": "a special file"}.get(
+        kind, "a file"
+    )
+
+
+def _parts(relpath: str, root: str) -> list[str]:
+    parts = [p for p in relpath.split("/") if p] if relpath else []
+    for part in parts:
+        if part in (".", ".."):
+            raise UnsafeOutputError(f"{root}: the path {relpath!r} leaves the folder")
+    return parts
+
+
+def _split(name: str) -> tuple[str, str]:
+    head, _, base = name.rstrip("/").rpartition("/")
+    if base in ("", ".", ".."):
+        raise UnsafeOutputError(f"not a file name: {name!r}")
+    return head, base
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    written = 0
+    while written < len(view):
+        written += os.write(fd, view[written:])
+
+
+def create_folder(path: str) -> bool:
+    """Create the folder ``path`` (its parents as needed): True when this call made it,
+    False when a folder is already there."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    return True
+
+
+def remove_empty_folder(path: str) -> None:
+    """Remove ``path`` if it is an empty folder (``rmdir`` never follows a link)."""
+    os.rmdir(path)

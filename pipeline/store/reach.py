@@ -1,0 +1,84 @@
+"""What a local store reaches: every folder and file under it, links followed (a chunk folder
+on another disk is a normal layout), each known by its identity ``(st_dev, st_ino)``.
+
+Two stores overlap when they reach one folder or file, however their paths are spelled: an
+input whose ``c/`` is a link into OUT, a C whose chunk folder is an input's. Paths alone cannot
+tell (``inside`` compares two top folders). A folder reached twice (a loop, or two links to
+one place) is walked once.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass, field
+
+Identity = tuple[int, int]
+
+
+@dataclass
+class Reach:
+    """A local store as found: its files' change marks and every identity it reaches."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    """Path relative to the store -> size and change marks (what a listing compares)."""
+    ids: dict[Identity, str] = field(default_factory=dict)
+    """Identity of every folder and file reached -> the first relative path reaching it."""
+    links: list[str] = field(default_factory=list)
+    """Relative paths that are links (followed when they lead somewhere)."""
+    special: list[str] = field(default_factory=list)
+    """Relative paths that are neither a folder nor a regular file (FIFOs, devices, sockets)."""
+
+
+def reach(root: str) -> Reach:
+    """Walk ``root`` following links, each folder once; a missing root reaches nothing."""
+    found = Reach()
+    try:
+        top = os.stat(root)
+    except (FileNotFoundError, NotADirectoryError):
+        return found
+    found.ids[(top.st_dev, top.st_ino)] = ""
+    if not stat.S_ISDIR(top.st_mode):
+        found.files[""] = _marks(top)
+        return found
+    pending = [("", root)]
+    while pending:
+        rel, path = pending.pop()
+        try:
+            items = list(os.scandir(path))
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            continue
+        for item in items:
+            name = f"{rel}/{item.name}" if rel else item.name
+            if item.is_symlink():
+                found.links.append(name)
+            try:
+                st = item.stat(follow_symlinks=True)
+            except OSError:  # a dangling link or a loop of links: reaches nothing
+                continue
+            key = (st.st_dev, st.st_ino)
+            if stat.S_ISDIR(st.st_mode):
+                if key not in found.ids:
+                    found.ids[key] = name
+                    pending.append((name, item.path))
+                continue
+            found.ids.setdefault(key, name)
+            if stat.S_ISREG(st.st_mode):
+                found.files[name] = _marks(st)
+            else:
+                found.special.append(name)
+    return found
+
+
+def shared(one: Reach, other: Reach) -> tuple[str, str] | None:
+    """A folder or file both reach, as (its path in ``one``, in ``other``), or None."""
+    common = one.ids.keys() & other.ids.keys()
+    if not common:
+        return None
+    key = min(common, key=lambda k: one.ids[k])
+    return one.ids[key], other.ids[key]
+
+
+def _marks(st: os.stat_result) -> str:
+    """Size, mtime, ctime (which no user can set back) and inode."""
+    return f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
