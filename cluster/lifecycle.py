@@ -28,6 +28,7 @@ from cluster.spec import (
     split_dashboard_address,
 )
 from cluster.tuning import keep_freed_memory, nanny_environ, worker_config
+from cluster.worker_hosts import PRELOAD
 
 log = logging.getLogger("pipeline")
 CONNECT_TIMEOUT_S = 10
@@ -70,12 +71,12 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
-        with dask.config.set({**WORKER_MEMORY, **nanny_environ(), **worker_config()}):
+        with dask.config.set(local_config()):
             cluster = LocalCUDACluster(**options)
     else:
         from distributed import LocalCluster
 
-        with dask.config.set({**WORKER_MEMORY, **nanny_environ(), **worker_config()}):
+        with dask.config.set(local_config()):
             cluster = LocalCluster(**options)
     attach_dashboard(cluster, split_dashboard_address(options["dashboard_address"])[0])
     # The client takes the cluster's TLS credentials (cluster.security) with the cluster.
@@ -87,6 +88,27 @@ def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[
             dashboard_link(client, options["dashboard_address"]),
         )
         yield client
+
+
+def local_config() -> dict[str, Any]:
+    """dask config while a local cluster starts (its nannies and workers keep it): no pause or
+    spill, malloc settings, the tick, and every worker's HTTP server refusing foreign Host
+    headers (cluster.worker_hosts, preloaded after the user's own preloads)."""
+    return {**WORKER_MEMORY, **nanny_environ(), **worker_config(), **_guard_preload()}
+
+
+def _guard_preload() -> dict[str, Any]:
+    """The user's worker preloads with cluster.worker_hosts added (and an empty argument list
+    for it when the user gives one list per preload)."""
+    preloads = dask.config.get("distributed.worker.preload", None) or []
+    preloads = [preloads] if isinstance(preloads, str) else list(preloads)
+    if PRELOAD in preloads:
+        return {}
+    config: dict[str, Any] = {"distributed.worker.preload": [*preloads, PRELOAD]}
+    argv = dask.config.get("distributed.worker.preload-argv", None) or []
+    if argv and isinstance(argv[0], list | tuple):  # one list per preload
+        config["distributed.worker.preload-argv"] = [*argv, []]
+    return config
 
 
 def attach_dashboard(cluster: Any, host: str) -> None:

@@ -31,7 +31,8 @@ TLS_FIX = (
 
 class LoopbackWorker(Worker):
     """The in-process worker: given no dashboard address, distributed binds a worker's HTTP
-    server (health, metrics) on every interface; this one binds it on loopback."""
+    server (health, metrics) on every interface; this one binds it on loopback (and, as every
+    worker of a local cluster, refuses foreign Host headers there: cluster.worker_hosts)."""
 
     def __init__(self, *args: Any, dashboard_address: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, dashboard_address=dashboard_address or f"{LOOPBACK}:0", **kwargs)
@@ -58,7 +59,7 @@ def refuse_foreign_hosts(application: Any, origins: list[str]) -> None:
 
 class _ForeignHost(web.RequestHandler):
     def prepare(self) -> None:
-        raise web.HTTPError(403, "Host %s is not this dashboard's", self.request.host)
+        raise web.HTTPError(403, "Host %s is not this server's", self.request.host)
 
 
 def check_tls_config(address: str) -> None:

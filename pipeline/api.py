@@ -7,8 +7,6 @@ A, B and OUT may be paths (``str`` or ``os.PathLike``), fsspec URLs or ``zarr.Ar
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Sequence
 from dataclasses import replace
@@ -19,6 +17,7 @@ from distributed import Client
 from numpy.typing import DTypeLike
 
 from cluster import ClusterSpec
+from cluster.scratch_dirs import check_scratch_dirs
 from kernels.backends import AUTO, CHOICES, PRECISIONS, get_backend, staged_backends
 from pipeline import accumulation, settings
 from pipeline.errors import UnsafeOutputError, UsageError
@@ -33,9 +32,10 @@ from pipeline.store import inputs
 from pipeline.store.fs import absolute, check_protocol, resolve_url
 from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
+from pipeline.store.owned import check_finished
 from pipeline.store.raw_chunks import device_decodable
 from pipeline.store.report_file import check_report
-from pipeline.store.signature import key_encoding
+from pipeline.store.signature import key_encoding, metadata_digest
 
 log = logging.getLogger("pipeline")
 
@@ -122,6 +122,7 @@ def prepare(
         report=report
         and check_report(report, dict(zip(("A", "B", "OUT"), urls, strict=True)), storage),
     )
+    check_scratch_dirs(urls, options.cluster, ("X", "X", "G") if symmetric else ("A", "B", "OUT"))
     if symmetric:
         check_gram(urls, (transpose_a, transpose_b))
     store = StoreSpec(*urls, storage, (transpose_a, transpose_b), symmetric)
@@ -153,6 +154,8 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     )
     arrays = [inputs.open_input(url, store.storage_options, name) for name, url in names]
     for array, (name, url) in zip(arrays, names, strict=True):
+        check_finished(array, name, url)
+    for array, (name, url) in zip(arrays, names, strict=True):
         inputs.check_encoding(array, name, url)
     if options.gpu_decode:
         _check_device_decodable(arrays, names, store.transposed)
@@ -177,7 +180,7 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     )  # fmt: skip
     check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
     dims = dimension_names(*(_names(x, t) for x, t in zip(arrays, store.transposed, strict=True)))
-    digest = _metadata_digest((arrays[0], arrays[1]))
+    digest = metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)
 
@@ -300,9 +303,3 @@ def _text(value: Any) -> str:
     if isinstance(value, tuple):
         return "x".join(str(v) for v in value)
     return str(value)
-
-
-def _metadata_digest(arrays: tuple[Any, Any]) -> str:
-    """Digest of both inputs' Zarr metadata (codecs, fill value, attributes...)."""
-    meta = [json.dumps(x.metadata.to_dict(), sort_keys=True, default=str) for x in arrays]
-    return hashlib.sha256("\n".join(meta).encode()).hexdigest()[:16]

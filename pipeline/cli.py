@@ -30,6 +30,7 @@ from pipeline.cli_parser import (
 )
 from pipeline.errors import PipelineError
 from pipeline.plan.units import format_bytes
+from pipeline.redaction import redact_url, url_secrets
 from pipeline.sensitive import ScrubLogs, scrub, secret_values, warn_if_exposed
 
 log = logging.getLogger("pipeline")
@@ -44,6 +45,8 @@ INTERRUPTED = {
     "doctor": "nothing was changed: rerun the same command",
 }
 """After ``error: interrupted;``: what a Ctrl-C left behind and what to do, per command."""
+LOCATIONS = ("a", "b", "c", "out", "x", "g", "report")
+"""The arguments that name arrays or files (paths or URLs, which may hold secrets)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,11 +62,12 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger(noisy).setLevel(logging.WARNING if args.debug else logging.ERROR)
     # A dashboard port taken after dashboard_address() looked: the printed link shows the one used.
     warnings.filterwarnings("ignore", message=r"Port \d+ is already in use", category=UserWarning)
-    secrets: set[str] = set()
+    # Passwords and signatures in the URLs given, wherever a message may quote them.
+    secrets = {s for name in LOCATIONS for s in url_secrets(str(getattr(args, name, "") or ""))}
     try:
         with interrupt_once(INTERRUPTED[args.command]):
             args.storage_options = storage_options(args)
-            secrets = secret_values(args.storage_options)
+            secrets |= secret_values(args.storage_options)
             with scrubbed_logs(secrets):
                 return int(COMMANDS[args.command](args))
     except PipelineError as e:
@@ -192,11 +196,11 @@ def _run_job(job: Any, args: argparse.Namespace) -> int:
 
             with start(job.options.cluster) as client:
                 job = job.for_cluster(client)
-        print(job.describe())
+        print(redact_url(job.describe()))
         return 0
     result = job.execute()
-    print(format_accounting(result))
-    print(format_summary(result))
+    print(redact_url(format_accounting(result)))
+    print(redact_url(format_summary(result)))
     if result.verified is False:
         print(
             "error: verification failed: OUT differs from A @ B beyond the tolerance; "
@@ -209,13 +213,16 @@ def _run_job(job: Any, args: argparse.Namespace) -> int:
 
 def run_verify(args: argparse.Namespace) -> int:
     from cluster import start
+    from cluster.scratch_dirs import check_scratch_dirs
     from pipeline.report import format_verify, format_verify_error
     from pipeline.verify import check_shapes, verify_product
 
     options = args.storage_options
     given = (args.transpose_a, args.transpose_b)
     check_shapes(args.a, args.b, args.c, options, given)  # refuse before starting a cluster
-    with start(_spec(args), args.memory_limit) as client:
+    spec = _spec(args)
+    check_scratch_dirs((args.a, args.b, args.c), spec, ("A", "B", "C"))
+    with start(spec, args.memory_limit) as client:
         warn_if_exposed(client, options)
         result = verify_product(
             client,
@@ -230,9 +237,9 @@ def run_verify(args: argparse.Namespace) -> int:
             transpose_b=args.transpose_b,
             precision=args.precision,
         )
-    print(format_verify(result))
+    print(redact_url(format_verify(result)))
     if not result.passed:
-        print(f"error: {format_verify_error(result)}", file=sys.stderr)
+        print(f"error: {redact_url(format_verify_error(result))}", file=sys.stderr)
         return 1
     return 0
 

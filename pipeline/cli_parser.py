@@ -12,7 +12,8 @@ from typing import Any, NoReturn
 from kernels.backends import CHOICES, PRECISIONS
 from pipeline.errors import UsageError
 from pipeline.plan.units import parse_size
-from pipeline.sensitive import ENV, is_sensitive, merged, options_from_env, options_from_file
+from pipeline.redaction import is_sensitive, redact_url
+from pipeline.sensitive import ENV, merged, options_from_env, options_from_file
 
 
 class Parser(argparse.ArgumentParser):
@@ -20,7 +21,8 @@ class Parser(argparse.ArgumentParser):
     suggestion for a misspelled choice."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"error: {message}{_suggest_choice(message)} (see `{self.prog} --help`)\n")
+        line = f"error: {message}{_suggest_choice(message)} (see `{self.prog} --help`)"
+        self.exit(2, redact_url(line) + "\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("A", "B", "C"):
         ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
     ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
-    ver.add_argument("--seed", type=int, default=0, help="seed of the random vectors")
+    ver.add_argument("--seed", type=seed, default=0, help="seed of the random vectors")
     ver.add_argument(
         "--precision",
         choices=PRECISIONS,
@@ -91,7 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     rnd.add_argument("--shape", required=True, type=_pair, help="MxN, e.g. 4096x4096")
     rnd.add_argument("--chunks", required=True, type=_pair, help="RxC, e.g. 1024x1024")
     rnd.add_argument("--dtype", default="float32", help="numpy dtype (default float32)")
-    rnd.add_argument("--seed", type=int, default=0, help="seed (same seed, same array)")
+    rnd.add_argument("--seed", type=seed, default=0, help="seed (same seed, same array)")
     rnd.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     _storage_args(rnd)
     return parser
@@ -329,6 +331,19 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def seed(text: str) -> int:
+    """argparse type: a random seed, an integer >= 0 (numpy takes no negative seed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a seed: seeds are integers >= 0, e.g. --seed 0"
+        )
     return value
 
 

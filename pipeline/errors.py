@@ -4,11 +4,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.redaction import redact_url
+
 
 class PipelineError(Exception):
     """Base class. ``exit_code`` is what the CLI returns for it."""
 
     exit_code = 2
+
+    def __str__(self) -> str:
+        """The message with any URL's password or signature shown as ``***`` (a notebook
+        prints it as it is raised, not through the CLI's scrubbing)."""
+        return redact_url(super().__str__())
 
 
 class UsageError(PipelineError, ValueError):
@@ -39,6 +46,23 @@ class ChunkSizeError(InputError):
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickled from worker to client whole
         return (type(self), (str(self), self.declared, self.expected))
+
+
+class StoredObjectError(InputError):
+    """Where an input's chunk or metadata document should be, its store holds something no
+    Zarr array stores there (a FIFO, a device, a socket, a folder) or a file larger than that
+    object can need: refused unread."""
+
+    def __init__(self, message: str, key: str, found: str) -> None:
+        super().__init__(message)
+        self.key = key
+        """The object's key in its store (``c/0/0``, ``zarr.json``)."""
+        self.found = found
+        """What is there instead: "a FIFO", "a 3.0 GiB file where at most 1.0 MiB can be
+        needed"."""
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from worker to client whole
+        return (type(self), (str(self), self.key, self.found))
 
 
 class IntegerOverflowError(InputError, OverflowError):

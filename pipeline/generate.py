@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import itertools
+import numbers
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -9,8 +12,14 @@ import numpy as np
 import zarr
 
 from pipeline.errors import InputError, OutputExistsError, UsageError
-from pipeline.store.fs import check_writable, fsspec_options, resolve_url
-from pipeline.store.output import ATTRS_KEY, Output
+from pipeline.store.fs import check_writable, resolve_url
+from pipeline.store.output import Output
+from pipeline.store.owned import ATTRS_KEY
+
+MAX_CHUNKS = 10_000_000
+"""Chunks one array may have: each is a file (or object) and a seeded draw; more is a mistake."""
+BATCH = 1024
+"""Chunks handed to the writer threads at once (a bounded queue, whatever the count)."""
 
 
 def write_random(
@@ -32,6 +41,8 @@ def write_random(
         raise InputError(f"--dtype {dtype} is not a numeric dtype; use e.g. float32 or float64")
     if min(chunks) < 1:
         raise UsageError(f"--chunks {chunks[0]}x{chunks[1]} must be at least 1x1")
+    check_seed(seed)
+    check_chunk_count(shape, chunks)
     url = resolve_url(url, "OUT")
     output = Output(url, dict(storage_options or {}))
     check_writable(url)
@@ -41,22 +52,39 @@ def write_random(
     with output.claim(state, overwrite=overwrite, resume=False):
         if state is not None:
             output.remove_ours()
+        store, options = output.store()  # a local OUT: written through its door
         array = zarr.create_array(
-            url,
+            store,
             shape=shape,
             chunks=chunks,
             dtype=dt,
             zarr_format=3,
             attributes={ATTRS_KEY: {"generated": {"seed": seed}}},
-            storage_options=fsspec_options(url, storage_options),
+            **options,
         )
         _fill(array, shape, chunks, dt, seed)
     return array
 
 
-def _fill(array: Any, shape: tuple[int, int], chunks: tuple[int, int], dt: Any, seed: int) -> None:
-    starts = [(i, j) for i in range(0, shape[0], chunks[0]) for j in range(0, shape[1], chunks[1])]
+def check_seed(seed: object) -> None:
+    """Refuse a seed numpy would refuse (a negative one) before OUT is created."""
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or int(seed) < 0:
+        raise UsageError(f"--seed {seed} is not a seed: seeds are integers >= 0, e.g. --seed 0")
 
+
+def check_chunk_count(shape: tuple[int, int], chunks: tuple[int, int]) -> None:
+    """Refuse more than MAX_CHUNKS chunks with the numbers, before OUT is created."""
+    grid = [-(-size // chunk) for size, chunk in zip(shape, chunks, strict=True)]
+    count = grid[0] * grid[1]
+    if count > MAX_CHUNKS:
+        raise UsageError(
+            f"--shape {shape[0]}x{shape[1]} in --chunks {chunks[0]}x{chunks[1]} makes "
+            f"{count:,} chunks ({grid[0]:,}x{grid[1]:,}), more than the limit of "
+            f"{MAX_CHUNKS:,}; pass bigger --chunks or a smaller --shape"
+        )
+
+
+def _fill(array: Any, shape: tuple[int, int], chunks: tuple[int, int], dt: Any, seed: int) -> None:
     def fill(start: tuple[int, int]) -> None:
         i, j = start
         rows, cols = min(chunks[0], shape[0] - i), min(chunks[1], shape[1] - j)
@@ -64,7 +92,15 @@ def _fill(array: Any, shape: tuple[int, int], chunks: tuple[int, int], dt: Any, 
         array[i : i + rows, j : j + cols] = _sample(rng, (rows, cols), dt)
 
     with ThreadPoolExecutor() as pool:
-        list(pool.map(fill, starts))
+        for batch in _batches(shape, chunks):
+            list(pool.map(fill, batch))
+
+
+def _batches(shape: tuple[int, int], chunks: tuple[int, int]) -> Iterator[list[tuple[int, int]]]:
+    """Each chunk's start, BATCH at a time (never the whole list of a big array at once)."""
+    starts = itertools.product(range(0, shape[0], chunks[0]), range(0, shape[1], chunks[1]))
+    while batch := list(itertools.islice(starts, BATCH)):
+        yield batch
 
 
 def _sample(rng: np.random.Generator, shape: tuple[int, int], dt: np.dtype[Any]) -> Any:

@@ -19,7 +19,7 @@ from distributed import Client
 
 from kernels.backends import get_backend
 from pipeline import settings
-from pipeline.errors import JobError
+from pipeline.errors import JobError, UsageError
 from pipeline.options import JobOptions, MultiplyResult
 from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, operands
 from pipeline.plan.gpu import staging_bytes
@@ -40,11 +40,11 @@ from pipeline.run.client import (
 from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive import warn_if_exposed
-from pipeline.store import accumulate, journal, owned, resume
+from pipeline.store import accumulate, inputs, journal, owned, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
-from pipeline.store.signature import Listing
+from pipeline.store.signature import Listing, metadata_digest
 
 log = logging.getLogger("pipeline")
 __all__ = [
@@ -109,6 +109,7 @@ class MatmulJob:
             self.state, overwrite=opts.overwrite, resume=opts.resume, current=current
         )
         with claim as (held, state), _connect(client, opts) as c, report:
+            self._check_inputs_unchanged()  # under OUT's lock, before anything is written
             warn_if_exposed(c, opts.storage_options)
             backend = resolve_backend(c, opts.backend, self.plan.compute_dtype)
             if opts.gpu_decode:
@@ -116,7 +117,7 @@ class MatmulJob:
             check_job_precision(opts.backend, backend, self.plan.compute_dtype, opts.precision)
             check_tensor_simulator(c, backend, opts.precision)
             plan = self.for_cluster(c, backend).plan
-            spec = self._task_spec(plan, backend)
+            spec = replace(self._task_spec(plan, backend), lock_token=held.token)
             at_start = resume.listings(self.store)
             self.output.check_apart(  # again under OUT's lock, before anything is written
                 [("A", self.store.a_url), ("B", self.store.b_url)]
@@ -151,6 +152,19 @@ class MatmulJob:
         if opts.report:  # where the seconds went, beside distributed's own report
             add_to_report(opts.report, result, opts.storage_options)
         return result
+
+    def _check_inputs_unchanged(self) -> None:
+        """The inputs' metadata is still what ``prepare`` planned with."""
+        store = self.store
+        arrays = [
+            inputs.open_input(url, store.storage_options, name)
+            for name, url in (("A", store.a_url), ("B", store.b_url))
+        ]
+        if metadata_digest((arrays[0], arrays[1])) != self.inputs_digest:
+            raise UsageError(
+                "an input's metadata (shape, chunks, codecs or attributes) changed after this "
+                "job was planned; plan it again (rerun the command)"
+            )
 
     def _check_finish(self, held: HeldLock, at_start: dict[str, Listing]) -> None:
         """Before OUT is marked complete: the lock is still ours and no input changed."""

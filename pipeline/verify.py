@@ -54,7 +54,7 @@ from pipeline.run.client import wait_some
 from pipeline.run.nonfinite import OVERFLOW_MARGIN
 from pipeline.run.verify_tasks import GAUSSIAN_MAD, SAFETY, TAU, U64, CheckSpec, RowCheck
 from pipeline.store import inputs as io
-from pipeline.store.output import ATTRS_KEY
+from pipeline.store.owned import ATTRS_KEY
 
 SAMPLE_BLOCKS, SAMPLE_ROWS = 4, 4
 """Row blocks of A sampled, and rows of C recomputed exactly in each, to measure its noise."""

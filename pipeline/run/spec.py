@@ -55,6 +55,9 @@ class TaskSpec:
     accumulate: bool = False
     """OUT is an existing C updated in place, exactly once per tile (pipeline.run.accumulate);
     the journal lives in C's accumulation folder."""
+    lock_token: str = ""
+    """The token of the lock the job holds on OUT (or C): a task writes a band only while the
+    lock still carries it, so a newer job's claim stops an older job's stragglers."""
     progress: bool = False
     """Send per-panel progress events (pipeline.run.events; on the GPU path a panel counts
     once staged for the device)."""

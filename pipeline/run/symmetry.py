@@ -10,7 +10,7 @@ from distributed import Client, Future
 
 from pipeline.errors import UsageError
 from pipeline.run import verify_tasks as tasks
-from pipeline.store.output import ATTRS_KEY
+from pipeline.store.owned import ATTRS_KEY
 
 FLAGS = ("transpose_a", "transpose_b")
 

@@ -54,6 +54,7 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
         old = None if originals is None else originals.rows(0, tile.shape[0])
         data = accumulate.combine(spec, partial, old)
         out = spec.output.writable(spec.fingerprint)
+        spec.output.check_fence(spec.lock_token)
         if spec.store.symmetric:  # the tile and its mirror (pipeline.store.mirror)
             crc = mirror.write_tile(out, tile, data, _block_rows(spec))
         else:
@@ -102,6 +103,7 @@ def tile_product_write(
                 None if originals is None else originals.rows(offset + band[0], offset + band[1])
             )
             data = accumulate.combine(spec, partial, prior)
+            spec.output.check_fence(spec.lock_token)
             if spec.store.symmetric:  # the band and its mirror (pipeline.store.mirror)
                 crc[0] = mirror.write_band(out, tile, band, data, crc[0])
                 return

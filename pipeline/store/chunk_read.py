@@ -8,7 +8,8 @@ size (pipeline.store.chunk_sizes: the same bounds as every other read) and copie
 block needs into the caller's buffer. From a local store each chunk is read (os.open, readv)
 into one buffer the whole block reuses, and decoded through one other when it is copied
 (pipeline.store.scratch): 49 us a 64x64 zstd chunk, 67 us with a file object and a buffer pair
-per chunk (2-core EPYC). A chunk
+per chunk (2-core EPYC); each file is opened only when it is a regular file no larger than a
+stored chunk can be, else refused unread (pipeline.store.input_store.open_checked). A chunk
 wholly inside a block one chunk wide is decoded straight into the caller's buffer (its rows
 are contiguous there), which zarr cannot do (it decodes into its own buffer, then copies):
 such blocks of large chunks come this way too.
@@ -31,9 +32,10 @@ from numpy.typing import NDArray
 
 from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK
 from pipeline.store.chunk_sizes import DECODERS, decode_exact
+from pipeline.store.codec_bounds import compressed_bytes
+from pipeline.store.input_store import open_checked
 from pipeline.store.scratch import scratch
 
-O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 BATCH_CHUNKS = 10
 """Stored chunks fetched in one round trip at least (zarr's own reads hold as many)."""
 DIRECT_MAX_CHUNK_BYTES = 2**20
@@ -71,6 +73,14 @@ def layout(array: Any) -> Layout | None:
             return None
         return Layout(codec, dtype, chunks)
     return v3_layout(metadata.codecs, dtype, chunks)
+
+
+def stored_limit(found: Layout) -> int:
+    """The most bytes one stored chunk of ``found`` can take: its elements' bytes, compressed
+    or not (a larger file is refused unread: pipeline.store.input_store)."""
+    (cm, cn) = found.chunks
+    chunk_bytes = cm * cn * found.dtype.itemsize
+    return chunk_bytes if found.codec is None else compressed_bytes(chunk_bytes)
 
 
 def v3_layout(codecs: Any, dtype: np.dtype[Any], chunks: tuple[int, int]) -> Layout | None:
@@ -142,7 +152,7 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
     # One buffer decodes every chunk this block holds only part of (taken once per block: a
     # small chunk's fixed costs are most of its time).
     with scratch(chunk_bytes if found.codec else 0) as decoded:
-        for index, data in _chunks(array, indices, batch):
+        for index, data in _chunks(array, found, indices, batch):
             if data is None or not place(found, index, data, rows, cols, out, decoded):
                 return False  # unstored (its fill value is zarr's to give), or a bad raw size
     return True
@@ -182,7 +192,7 @@ def place(
 
 
 def _chunks(
-    array: Any, indices: list[tuple[int, int]], batch: int
+    array: Any, found: Layout, indices: list[tuple[int, int]], batch: int
 ) -> Iterator[tuple[tuple[int, int], NDArray[np.uint8] | None]]:
     """Each index with its chunk's stored bytes (None: not stored), valid until the next one is
     asked for: from a local store by plain file reads in this thread into a reused buffer
@@ -199,16 +209,16 @@ def _chunks(
             yield from zip(part, stored_chunks(array, part), strict=True)
         return
     folder = os.path.join(str(store.root), array.store_path.path)
-    key = array.metadata.encode_chunk_key
+    key, limit = array.metadata.encode_chunk_key, stored_limit(found)
     with scratch(0) as buffer:
         for index in indices:
-            try:
-                fd = os.open(os.path.join(folder, key(index)), os.O_RDONLY | O_CLOEXEC)
-            except FileNotFoundError:
+            # a regular file no larger than a chunk can take, opened without blocking
+            opened = open_checked(os.path.join(folder, key(index)), limit, key(index))
+            if opened is None:
                 yield index, None
                 continue
+            fd, size = opened
             try:
-                size = os.fstat(fd).st_size
                 if size > buffer.nbytes:  # grown for the largest stored chunk, then reused
                     buffer = np.empty(max(size, 2 * buffer.nbytes), np.uint8)
                 got = os.readv(fd, [buffer.data[:size]])

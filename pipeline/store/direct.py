@@ -16,10 +16,12 @@ import asyncio
 import mmap
 import os
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from zarr.core.buffer import Buffer
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import LocalStore
 
 from pipeline.errors import UnsafeOutputError
@@ -50,6 +52,37 @@ class OutStore(LocalStore):
 
     def with_read_only(self, read_only: bool = False) -> OutStore:
         return type(self)(self.root, read_only=read_only, what=self.door.what)
+
+    async def get(
+        self,
+        key: str,
+        prototype: BufferPrototype | None = None,
+        byte_range: ByteRequest | None = None,
+    ) -> Buffer | None:
+        """Reads too go through the door: a link, FIFO or folder planted in OUT is refused,
+        never followed or waited on."""
+        if prototype is None:
+            prototype = default_buffer_prototype()
+        if not self._is_open:
+            await self._open()
+        data = await asyncio.to_thread(self._read, key, byte_range)
+        return None if data is None else prototype.buffer.from_bytes(data)
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    def _read(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
+        if byte_range is None:
+            return self.door.read_range(key, 0, None)
+        if isinstance(byte_range, RangeByteRequest):
+            return self.door.read_range(key, byte_range.start, byte_range.end)
+        if isinstance(byte_range, OffsetByteRequest):
+            return self.door.read_range(key, byte_range.offset, None)
+        if isinstance(byte_range, SuffixByteRequest):
+            return self.door.read_range(key, -byte_range.suffix, None)
+        raise TypeError(f"unexpected byte range {byte_range!r}")
 
     async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
         if not self._is_open:

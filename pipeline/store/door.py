@@ -17,7 +17,7 @@ import errno
 import os
 import stat
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pipeline.errors import UnsafeOutputError
@@ -109,15 +109,33 @@ class Door:
     def write(self, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
         """Write ``name`` whole and atomically: a temporary file created beside it (``O_EXCL |
         O_NOFOLLOW``), then renamed over it (``exclusive``: linked into place, refusing one
-        that exists). A link at ``name`` is replaced, never followed."""
+        that exists). A link or anything but a file at ``name`` is refused, never followed."""
+        view = memoryview(data).cast("B")
+        self._write_via(name, lambda fd: _write_all(fd, view), 0, exclusive)
+
+    def write_with(self, name: str, fill: Callable[[int], None], *, flags: int = 0) -> bool:
+        """Like ``write``, the temporary file filled by ``fill(fd)`` (opened with extra
+        ``flags``, e.g. ``O_DIRECT``); False, having written nothing, where the open or the
+        writes raise EINVAL (a file system refusing those flags)."""
+        try:
+            self._write_via(name, fill, flags, False)
+        except OSError as e:
+            if e.errno == errno.EINVAL:
+                return False
+            raise
+        return True
+
+    def _write_via(
+        self, name: str, fill: Callable[[int], None], flags: int, exclusive: bool
+    ) -> None:
         head, base = _split(name)
         with self.folder(head, create=True) as parent:
             tmp = partial_name(base)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                         0o666, dir_fd=parent)  # fmt: skip
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
+                         | flags, 0o666, dir_fd=parent)  # fmt: skip
             try:
                 try:
-                    _write_all(fd, memoryview(data).cast("B"))
+                    fill(fd)
                 finally:
                     os.close(fd)
                 self._place(parent, tmp, base, name, exclusive)
@@ -125,34 +143,6 @@ class Door:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp, dir_fd=parent)
                 raise
-
-    def write_with(self, name: str, write: object, *, flags: int = 0) -> bool:
-        """Like ``write``, the temporary file filled by ``write(fd)`` (opened with extra
-        ``flags``, e.g. ``O_DIRECT``); False, having written nothing, where the open or
-        ``write`` raises EINVAL (a file system refusing those flags)."""
-        head, base = _split(name)
-        with self.folder(head, create=True) as parent:
-            tmp = partial_name(base)
-            try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC
-                             | flags, 0o666, dir_fd=parent)  # fmt: skip
-            except OSError as e:
-                if e.errno == errno.EINVAL:
-                    return False
-                raise
-            try:
-                try:
-                    write(fd)  # type: ignore[operator]
-                finally:
-                    os.close(fd)
-                self._place(parent, tmp, base, name, False)
-            except BaseException as e:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp, dir_fd=parent)
-                if isinstance(e, OSError) and e.errno == errno.EINVAL:
-                    return False
-                raise
-        return True
 
     def _place(self, parent: int, tmp: str, base: str, name: str, exclusive: bool) -> None:
         if not exclusive:
@@ -298,6 +288,11 @@ class Door:
 
     def read_head(self, name: str, nbytes: int) -> bytes | None:
         """The first ``nbytes`` of the regular file ``name`` (None: not there)."""
+        return self.read_range(name, 0, nbytes)
+
+    def read_range(self, name: str, start: int, stop: int | None) -> bytes | None:
+        """Bytes ``start:stop`` of the regular file ``name`` (``stop`` None: to its end;
+        negative ``start``: from its end), or None when there is none."""
         head, base = _split(name)
         try:
             with self.folder(head) as parent:
@@ -307,13 +302,15 @@ class Door:
                     if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
                         raise self._refuse(name, "is a link, a folder or a special file") from e
                     raise
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise self._refuse(name, f"is {_kind_words(st.st_mode)}, not a file")
-            return os.pread(fd, nbytes, 0)
+            first = max(st.st_size + start, 0) if start < 0 else start
+            last = st.st_size if stop is None else min(stop, st.st_size)
+            return _read_all(fd, first, max(last - first, 0))
         finally:
             os.close(fd)
 
@@ -384,6 +381,17 @@ def _split(name: str) -> tuple[str, str]:
     if base in ("", ".", ".."):
         raise UnsafeOutputError(f"not a file name: {name!r}")
     return head, base
+
+
+def _read_all(fd: int, offset: int, nbytes: int) -> bytes:
+    parts, done = [], 0
+    while done < nbytes:
+        part = os.pread(fd, nbytes - done, offset + done)
+        if not part:
+            break  # shortened meanwhile
+        parts.append(part)
+        done += len(part)
+    return b"".join(parts)
 
 
 def _write_all(fd: int, view: memoryview) -> None:

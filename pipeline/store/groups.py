@@ -12,6 +12,7 @@ from typing import Any
 
 import zarr
 
+from pipeline.store.direct import OutStore
 from pipeline.store.fs import fsspec_options, local_path
 
 
@@ -52,9 +53,12 @@ def refresh_consolidated(url: str, storage_options: dict[str, Any]) -> list[str]
     for info in enclosing_groups(url, storage_options):
         if not info.consolidated:
             continue
-        options = fsspec_options(info.url, storage_options)
         with _quiet():
-            group = zarr.open_group(info.url, mode="r+", storage_options=options)
+            if local_path(info.url) is not None:  # its metadata written through its door
+                group = zarr.open_group(OutStore(info.url, what="OUT's group"), mode="r+")
+            else:
+                options = fsspec_options(info.url, storage_options)
+                group = zarr.open_group(info.url, mode="r+", storage_options=options)
             zarr.consolidate_metadata(group.store, path=group.path)
         done.append(info.url)
     return done

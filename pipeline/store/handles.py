@@ -8,17 +8,18 @@ from typing import Any
 
 import zarr
 
-from pipeline.store.direct import DirectLocalStore
+from pipeline.store.bounded import open_input_array
+from pipeline.store.direct import OutStore
 from pipeline.store.fs import fsspec_options
 
 
 @functools.lru_cache(maxsize=32)
 def _open(url: str, options_json: str, mode: str, token: str) -> Any:
     options = fsspec_options(url, json.loads(options_json))
-    if mode == "r":
-        return zarr.open_array(url, mode=mode, storage_options=options)
-    if "://" not in url and not options:  # a local OUT: large chunks O_DIRECT
-        array = zarr.open_array(store=DirectLocalStore(url), mode=mode)
+    if mode == "r":  # local files read within bounds (pipeline.store.input_store)
+        return open_input_array(url, options)
+    if "://" not in url and not options:  # a local OUT: written through its door
+        array = zarr.open_array(store=OutStore(url), mode=mode)
     else:
         array = zarr.open_array(url, mode=mode, storage_options=options)
     # Every chunk we compute is stored, even one equal to the fill value: zarr would otherwise

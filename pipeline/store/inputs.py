@@ -21,12 +21,13 @@ from pipeline.errors import (
     ChunkSizeError,
     InputError,
     InputNotFoundError,
+    StoredObjectError,
     UsageError,
     storage_problem,
 )
 from pipeline.plan.spec import ArraySpec
 from pipeline.store import chunk_read, shard_read
-from pipeline.store.bounded import bounded, stored_codec
+from pipeline.store.bounded import bounded, open_input_array, stored_codec
 from pipeline.store.chunk_sizes import check_declared
 from pipeline.store.fs import (
     check_protocol,
@@ -36,6 +37,7 @@ from pipeline.store.fs import (
     url_to_fs,
 )
 from pipeline.store.handles import cached_array
+from pipeline.store.input_store import named
 from pipeline.store.raw_chunks import stored_chunks
 
 
@@ -58,7 +60,11 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
     if local is None:
         _probe(url, storage_options, name)
     try:
-        array = zarr.open_array(url, mode="r", storage_options=fsspec_options(url, storage_options))
+        array = open_input_array(url, fsspec_options(url, storage_options))
+    except StoredObjectError as e:  # before ValueError: its message says what is there
+        raise named(e, name, url) from e
+    except InputError as e:  # a codec nothing bounds, named
+        raise InputError(f"{name} ({url}): {e}") from e
     except zarr.errors.NodeTypeValidationError as e:
         raise InputError(
             f"{name} ({url}) is a Zarr group, not an array; give the path of an array inside it"
@@ -72,7 +78,10 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
         raise InputNotFoundError(f"{name} ({url}) does not exist; check the path") from e
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         raise InputError(f"{name} ({url}) cannot be opened as a Zarr array: {e}") from e
-    return bounded(array)  # its zstd chunks decode into their own size, never more
+    try:
+        return bounded(array)  # every decode capped (its stored objects: open_input_array)
+    except InputError as e:  # a codec nothing bounds, named
+        raise InputError(f"{name} ({url}): {e}") from e
 
 
 def array_spec(array: Any, name: str) -> ArraySpec:
@@ -174,7 +183,7 @@ def dimension_names(array: Any) -> tuple[str | None, str | None]:
 
 def worker_array(url: str, storage_options: dict[str, Any], token: str) -> Any:
     """Worker side: an input's read-only handle, cached per process and job ``token``, its
-    zstd chunks decoding into their own size, never more."""
+    decodes and stored objects bounded as ``open_input``'s."""
     return bounded(cached_array(url, storage_options, token))
 
 
@@ -192,7 +201,9 @@ def read_block(
     chunk cast by numpy as ``ascontiguousarray`` would, so the values are the same.
 
     A stored chunk that cannot be read or decoded (corrupt, truncated, unreadable) becomes an
-    InputError naming it; a connection error stays as it is (the storage, not the input).
+    InputError naming it; one refused unread (a FIFO, a device, a folder, a file larger than a
+    chunk can take: StoredObjectError) is named without another read; a connection error stays
+    as it is (the storage, not the input).
     """
     selection = (slice(rows[0], rows[1]), slice(cols[0], cols[1]))
     try:
@@ -211,11 +222,15 @@ def read_block(
             array.get_basic_selection(selection, out=NDBuffer.from_numpy_array(out))
             return out
         block = array[selection]
+    except StoredObjectError as e:  # refused unread: named as it is, not read again
+        raise named(e, name, url, ", then rerun with --resume") from e
     except Exception as e:
         bad = None if storage_problem(e, None) else _bad_chunk(array, rows, cols, e)
         if bad is None:
             raise
         (index, span, error) = bad
+        if isinstance(error, StoredObjectError):  # another chunk of the block, refused unread
+            raise named(error, name, url, ", then rerun with --resume") from e
         key = f"{url.rstrip('/')}/{array.metadata.encode_chunk_key(index)}"
         where = f"{key} (rows {span[0]}:{span[1]}, columns {span[2]}:{span[3]})"
         fix = f"restore that chunk from a good copy or rewrite {name}, then rerun with --resume"

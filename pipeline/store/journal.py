@@ -67,7 +67,8 @@ def journaled(
     tiles = {t.index: t for t in plan.tiles()}
     claimed = {}
     for entry in list_json(journal_url, JOURNAL_DIR, storage_options):
-        tile = tiles.get(_index(entry))
+        index = _index(entry)
+        tile = None if index is None else tiles.get(index)
         if tile is not None and entry.get("fingerprint") == fp and "rows" not in entry:
             claimed[tile.index] = (tile, entry.get("checksum"))
 
@@ -93,8 +94,9 @@ def written_rows(
     bands: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for band in list_json(journal_url, JOURNAL_DIR, storage_options):
         rows, index = band.get("rows"), _index(band)
-        pair = isinstance(rows, list) and len(rows) == 2 and all(type(r) is int for r in rows)
-        if band.get("fingerprint") == fp and pair and index is not None and index not in skip:
+        if not (isinstance(rows, list) and len(rows) == 2 and all(type(r) is int for r in rows)):
+            continue
+        if band.get("fingerprint") == fp and index is not None and index not in skip:
             bands.setdefault(index, {})[rows[0]] = band
     if not bands:
         return {}

@@ -177,7 +177,7 @@ def _open_lock(door: Door) -> tuple[int, bool]:
 
 def is_lock_record(holder: object) -> bool:
     """A lock as this tool writes it (``_holder``): its fields, a 32-digit hex token."""
-    if not isinstance(holder, dict) or not LOCK_FIELDS <= holder.keys():
+    if not isinstance(holder, dict) or not holder.keys() >= LOCK_FIELDS:
         return False
     token = holder.get("token")
     return isinstance(token, str) and len(token) == 32 and all(c in HEX for c in token)

@@ -37,7 +37,7 @@ from pipeline.store.fs import (
 )
 from pipeline.store.handles import cached_array
 from pipeline.store.owned import ATTRS_KEY
-from pipeline.store.reach import reach, shared
+from pipeline.store.reach import check_apart
 
 if TYPE_CHECKING:
     from pipeline.plan import MatmulPlan
@@ -69,31 +69,15 @@ class Output:
         self.check_apart(list(zip(("A", "B", "C"), inputs, strict=False)))
 
     def check_apart(self, inputs: list[tuple[str, str]]) -> None:
-        """Refuse a local OUT that reaches a folder or file an input reaches, links followed
-        (an input's ``c/`` linked into OUT, OUT's into an input): by identity, not by name."""
-        local = local_path(self.url)
-        if local is None:
-            return
-        out = reach(local)
-        for name, url in inputs:
-            path = local_path(url)
-            hit = None if path is None else shared(out, reach(path))
-            if hit is not None:
-                raise self._shared(name, url, hit)
-
-    def _shared(self, name: str, url: str, hit: tuple[str, str]) -> UnsafeOutputError:
-        return UnsafeOutputError(
-            f"OUT ({self.url}) and input {name} ({url}) reach the same folder or file "
-            f"(OUT's {hit[0] or '.'} is {name}'s {hit[1] or '.'}, through a link); inputs are "
-            "never written: choose an OUT apart from every input, or remove the link"
-        )
+        """Refuse a local OUT that reaches a folder or file an input reaches, links followed."""
+        check_apart("OUT", self.url, inputs)
 
     def state(self) -> dict[str, Any] | None:
         """None when OUT does not exist (or is a folder holding nothing but a lock); our
         attributes when it is one of our arrays; else refuse (something this tool did not
         write is never replaced)."""
-        found = self._listing()
-        if found is False:
+        exists, found = self._listing()
+        if not exists:
             return None
         record = None if found is None else owned.read_record(self.url, self.storage_options, found)
         if found is not None and record is None and not owned.classify(found, None)[1]:
@@ -113,20 +97,15 @@ class Output:
             )
         return attrs
 
-    def _listing(self) -> owned.Found | None | bool:
-        """OUT's content; False when there is no OUT, None when it is not a folder."""
+    def _listing(self) -> tuple[bool, owned.Found | None]:
+        """Whether OUT exists, and its content (None: it is not a folder)."""
         fs, path = url_to_fs(self.url, self.storage_options)
         local = local_path(self.url)
         try:
-            if local is not None:
-                if not os.path.lexists(local):
-                    return False
-                return owned.listing(self.url, self.storage_options)
-            if not fs.exists(path):
-                return False
-            return owned.listing(self.url, self.storage_options)
+            exists = os.path.lexists(local) if local is not None else fs.exists(path)
+            return exists, owned.listing(self.url, self.storage_options) if exists else None
         except UnsafeOutputError:  # a file, a link or a special file where OUT should be
-            return None
+            return True, None
         except Exception as e:
             problem = storage_problem(e, self.storage_options)
             if problem is None:
@@ -295,6 +274,22 @@ class Output:
         array = self._open("r+")
         current = dict(array.attrs).get(ATTRS_KEY, {})
         array.attrs[ATTRS_KEY] = {**current, "fingerprint": fingerprint, **attrs}
+
+    def check_fence(self, lock_token: str) -> None:
+        """Worker side, before each write: the job that sent this task still holds OUT's lock
+        (its token is the lock's). A task of a stopped job, still running on an external
+        cluster, stops here once a newer job has claimed OUT."""
+        if not lock_token:
+            return
+        try:
+            holder = lock.read_lock(self.url, self.storage_options) or {}
+        except UnsafeOutputError:
+            holder = {}
+        if holder.get("token") != lock_token:
+            raise UnsafeOutputError(
+                f"OUT ({self.url}): the job that started this task no longer holds OUT's lock "
+                "(it stopped, or another job took OUT); this task stops without writing"
+            )
 
     def writable(self, token: str) -> Any:
         """Worker side: OUT's array handle, cached per process and job ``token``."""

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from pipeline.errors import InputError
 from pipeline.store.door import Door
 from pipeline.store.fs import local_path, url_to_fs
 from pipeline.store.lock import LOCK_NAME
@@ -145,7 +146,7 @@ def _v2_record(
         return None
     chunks = tuple(int(x) for x in meta["chunks"])
     separator = str(meta.get("dimension_separator") or ".")
-    return _with_attrs(2, shape, chunks, separator, "", attrs)  # type: ignore[arg-type]
+    return _with_attrs(2, shape, chunks, separator, "", attrs)
 
 
 def _with_attrs(
@@ -282,3 +283,14 @@ def describe(names: Iterable[str]) -> str:
     names = list(names)
     shown = ", ".join(names[:3])
     return shown + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+
+def check_finished(array: Any, name: str, url: str) -> None:
+    """Refuse an input that is an unfinished product of this tool: its unwritten tiles read
+    as NaN (or 0), which no product of it would show."""
+    ours = dict(array.attrs).get(ATTRS_KEY)
+    if isinstance(ours, dict) and ours.get("complete") is False:
+        raise InputError(
+            f"{name} ({url}) is an unfinished product of this tool (some tiles are not written "
+            "yet); finish it first with `multiply ... --resume` (or --overwrite), then use it"
+        )

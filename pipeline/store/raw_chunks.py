@@ -15,6 +15,7 @@ host, which refuses it and names it.
 from __future__ import annotations
 
 import asyncio
+import os
 from typing import Any
 
 import numpy as np
@@ -77,11 +78,22 @@ def checked_frame(stored: NDArray[np.uint8], crc32c: bool, chunk_bytes: int) -> 
 
 def stored_chunks(array: Any, indices: list[tuple[int, int]]) -> list[NDArray[np.uint8] | None]:
     """The stored (still encoded) bytes of ``array``'s chunks at ``indices``, fetched at once;
-    None for a chunk that is not stored."""
+    None for a chunk that is not stored. Local files are read within what a stored chunk of
+    ``array`` can take (pipeline.store.input_store: a FIFO, a device or a larger file refused)."""
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
+    from zarr.storage import LocalStore
 
-    paths = [array.store_path / array.metadata.encode_chunk_key(index) for index in indices]
+    keys = [array.metadata.encode_chunk_key(index) for index in indices]
+    store = array.store_path.store
+    if isinstance(store, LocalStore):
+        from pipeline.store.bounded import stored_bytes
+        from pipeline.store.input_store import read_checked
+
+        folder, limit = os.path.join(str(store.root), array.store_path.path), stored_bytes(array)
+        read = [read_checked(os.path.join(folder, key), limit, key) for key in keys]
+        return [None if data is None else np.frombuffer(data, np.uint8) for data in read]
+    paths = [array.store_path / key for key in keys]
     prototype = default_buffer_prototype()
 
     async def fetch() -> list[Any]:

@@ -13,6 +13,9 @@ import os
 import stat
 from dataclasses import dataclass, field
 
+from pipeline.errors import UnsafeOutputError
+from pipeline.store.fs import local_path
+
 Identity = tuple[int, int]
 
 
@@ -35,7 +38,7 @@ def reach(root: str) -> Reach:
     found = Reach()
     try:
         top = os.stat(root)
-    except (FileNotFoundError, NotADirectoryError):
+    except OSError:  # missing, or a loop of links: reaches nothing (opening it says why)
         return found
     found.ids[(top.st_dev, top.st_ino)] = ""
     if not stat.S_ISDIR(top.st_mode):
@@ -46,7 +49,7 @@ def reach(root: str) -> Reach:
         rel, path = pending.pop()
         try:
             items = list(os.scandir(path))
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
+        except OSError:  # removed meanwhile, unreadable: its reads will say so
             continue
         for item in items:
             name = f"{rel}/{item.name}" if rel else item.name
@@ -82,3 +85,23 @@ def shared(one: Reach, other: Reach) -> tuple[str, str] | None:
 def _marks(st: os.stat_result) -> str:
     """Size, mtime, ctime (which no user can set back) and inode."""
     return f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
+
+
+def check_apart(what: str, url: str, inputs: list[tuple[str, str]]) -> None:
+    """Refuse a local ``what`` (OUT, or C) at ``url`` that reaches a folder or file one of
+    ``inputs`` (name, URL) reaches, links followed: an input's ``c/`` linked into OUT, OUT's
+    into an input. By identity, not by name; object stores have neither links nor inodes."""
+    local = local_path(url)
+    if local is None:
+        return
+    out = reach(local)
+    for name, other in inputs:
+        path = local_path(other)
+        hit = None if path is None else shared(out, reach(path))
+        if hit is not None:
+            raise UnsafeOutputError(
+                f"{what} ({url}) and input {name} ({other}) reach the same folder or file "
+                f"({what}'s {hit[0] or '.'} is {name}'s {hit[1] or '.'}, through a link); "
+                f"inputs are never written: choose a {what} apart from every input, or remove "
+                "the link"
+            )

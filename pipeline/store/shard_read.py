@@ -12,7 +12,9 @@ Covered: a zarr v3 array on a LocalStore whose one codec is ``sharding_indexed``
 codecs chunk_read takes (bytes, little-endian, and at most one compressor) and the default index
 codecs (bytes and crc32c, or bytes alone), at either end. Anything else, a missing shard or an
 empty inner chunk (its fill value is zarr's to give) go through zarr. An index whose checksum or
-ranges do not hold is refused as zarr would refuse it.
+ranges do not hold is refused as zarr would refuse it; a shard file that is no regular file or
+is larger than its inner chunks and index can take, and an inner chunk's range longer than one
+can take, are refused unread (pipeline.store.input_store).
 """
 
 from __future__ import annotations
@@ -25,14 +27,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK, ZARR_CONCURRENCY
+from pipeline.plan.units import format_bytes
 from pipeline.store.chunk_read import (
     DIRECT_MAX_CHUNK_BYTES,
-    O_CLOEXEC,
     Layout,
     little_bytes,
     place,
+    stored_limit,
     v3_layout,
 )
+from pipeline.store.input_store import open_checked, refusal
 from pipeline.store.scratch import scratch
 
 EMPTY = 2**64 - 1
@@ -111,15 +115,16 @@ def read_into(array: Any, rows: tuple[int, int], cols: tuple[int, int], out: NDA
     with scratch(chunk_bytes) as decoded:
         for si in range(rows[0] // sm, -(-rows[1] // sm)):
             for sj in range(cols[0] // sn, -(-cols[1] // sn)):
-                path = os.path.join(folder, array.metadata.encode_chunk_key((si, sj)))
-                if not _read_shard(found, path, (si, sj), (rows, cols), out, decoded, span):
+                key = array.metadata.encode_chunk_key((si, sj))
+                shard = (key, os.path.join(folder, key))
+                if not _read_shard(found, shard, (si, sj), (rows, cols), out, decoded, span):
                     return False
     return True
 
 
 def _read_shard(
     found: ShardLayout,
-    path: str,
+    stored: tuple[str, str],
     shard: tuple[int, int],
     block: tuple[tuple[int, int], tuple[int, int]],
     out: NDArray[Any],
@@ -138,13 +143,15 @@ def _read_shard(
         (max(cols[0], shard[1] * sn) - shard[1] * sn) // cn,
         -(-(min(cols[1], (shard[1] + 1) * sn) - shard[1] * sn) // cn),
     )
-    try:
-        fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
-    except FileNotFoundError:
+    (key, path), inner_limit = stored, stored_limit(found.inner)
+    index_bytes = 16 * per[0] * per[1] + (4 if found.checksum else 0)
+    # a regular file no larger than its inner chunks and its index can take, opened without
+    # blocking (pipeline.store.input_store)
+    opened = open_checked(path, per[0] * per[1] * inner_limit + index_bytes, key)
+    if opened is None:
         return False  # every chunk empty: zarr's fill value
+    fd, size = opened
     try:
-        size = os.fstat(fd).st_size
-        index_bytes = 16 * per[0] * per[1] + (4 if found.checksum else 0)
         if size < index_bytes:
             raise ValueError(f"a shard of {size} bytes cannot hold its {index_bytes}-byte index")
         raw = os.pread(fd, index_bytes, size - index_bytes if found.index_at_end else 0)
@@ -156,6 +163,10 @@ def _read_shard(
         # each figure first: an offset near 2**64 plus a length would wrap past the check
         if (needed > size).any() or (needed[:, 0] + needed[:, 1] > size).any():
             raise ValueError(f"a shard's index points past its {size} bytes")
+        if (needed[:, 1] > inner_limit).any():
+            longest = format_bytes(int(needed[:, 1].max()))
+            where = f"{longest} for an inner chunk where at most {format_bytes(inner_limit)}"
+            raise refusal(key, f"a shard whose index gives {where} can be needed", path)
         coords = [(i, j) for i in range(i0, i1) for j in range(j0, j1)]
         base = (shard[0] * per[0], shard[1] * per[1])
         for run in _runs(needed, span):

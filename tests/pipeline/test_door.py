@@ -23,6 +23,7 @@ WRITERS = {
 METHODS = {"pipe_file", "rm_file", "rm", "mv", "write_bytes", "write_text", "unlink", "mkdir",
            "touch", "rmdir", "makedirs"}  # fmt: skip
 """Methods (fsspec's, pathlib's) that do the same."""
+WRITE_FLAGS = {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"}
 ALLOWED = {
     # The door itself, and the folder OUT is created in (by name, exclusively) and removed
     # from again when a job leaves it empty.
@@ -33,10 +34,6 @@ ALLOWED = {
     "pipeline/store/journal.py": {"rm_file"},
     "pipeline/store/accumulate.py": {"rm_file", "makedirs", "mv", "rm"},
     "pipeline/store/lock.py": {"pipe_file", "rm_file", "ftruncate"},  # fd: from the door
-    # Reads: opened read-only (O_RDONLY), never written.
-    "pipeline/store/chunk_read.py": {"open"},
-    "pipeline/store/shard_read.py": {"open"},
-    "pipeline/store/input_store.py": {"open"},
     # Outside any array: the user's cache folder, kernels' PTX folder, the report's temp copy.
     "pipeline/host_probe.py": None,
     "kernels/device/figures.py": None,
@@ -49,18 +46,41 @@ ALLOWED = {
 def writing_calls(path: Path) -> list[tuple[int, str]]:
     """(line, name) of every call in ``path`` to a writing primitive."""
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    constants = {
+        target.id: node.value
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
             continue
         name, owner = node.func.attr, node.func.value
         if _is_door(owner):
             continue
         module = owner.id if isinstance(owner, ast.Name) else None
+        if module == "os" and name == "open" and _read_only(node, constants):
+            continue
         if (module in WRITERS and name in WRITERS[module]) or (
             module not in WRITERS and name in METHODS
         ):
             found.append((node.lineno, name))
     return found
+
+
+def _read_only(call: ast.Call, constants: dict[str, ast.expr]) -> bool:
+    """An ``os.open`` whose flags (or the module constant they name) name O_RDONLY and none
+    that writes."""
+    if len(call.args) < 2:
+        return False
+    flags = call.args[1]
+    if isinstance(flags, ast.Name) and flags.id in constants:
+        flags = constants[flags.id]
+    names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
+             for n in ast.walk(flags)}  # fmt: skip
+    return "O_RDONLY" in names and not names & WRITE_FLAGS
 
 
 def _is_door(owner: ast.expr) -> bool:
@@ -85,8 +105,11 @@ def test_only_the_door_writes() -> None:
 
 def test_the_rule_sees_a_write(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
-    sample.write_text("import os\nos.replace('a', 'b')\nfs.rm_file('x')\nos.path.join('a')\n")
-    assert writing_calls(sample) == [(2, "replace"), (3, "rm_file")]
+    sample.write_text(
+        "import os\nos.replace('a', 'b')\nfs.rm_file('x')\nos.path.join('a')\n"
+        "os.open(p, os.O_RDONLY | os.O_NONBLOCK)\nos.open(p, os.O_RDONLY | os.O_CREAT)\n"
+    )
+    assert writing_calls(sample) == [(2, "replace"), (3, "rm_file"), (6, "open")]
 
 
 @pytest.fixture

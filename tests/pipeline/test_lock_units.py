@@ -7,12 +7,12 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
-import uuid
 import logging
 import os
 import socket
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any

@@ -25,7 +25,6 @@ from pipeline.store import output as output_module
 from pipeline.store.output import ATTRS_KEY, Output, output_compressors
 from tests.helpers import write_array
 
-
 TILED = {"tile_shape": [2, 3]}
 """Our record's tile shape: which journal entries an array of ours may hold."""
 

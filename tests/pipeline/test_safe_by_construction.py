@@ -5,7 +5,6 @@ whose folders lead elsewhere. Nothing outside OUT (and C's own chunks) ever chan
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -117,9 +116,7 @@ def test_accumulate_keeps_a_lock_file_that_c_s_owner_keeps(
     assert (c / "lock.json").read_text() == '{"owner": "lab"}'
 
 
-def test_resume_sees_a_change_behind_a_linked_chunk_folder(
-    tmp_path: Path, client: Client
-) -> None:
+def test_resume_sees_a_change_behind_a_linked_chunk_folder(tmp_path: Path, client: Client) -> None:
     """An input's ``c/`` on another disk (a link): a change there is a change to the input."""
     rng = np.random.default_rng(3)
     a, b = random_matrix(rng, (512, 30), "float32"), random_matrix(rng, (30, 20), "float32")
@@ -251,3 +248,51 @@ def test_an_unfinished_journal_entry_names_its_file(tmp_path: Path) -> None:
     assert _index({"index": [1, 2]}) == (1, 2)
     for bad in ({"index": "ab"}, {"index": [1]}, {"index": [1.0, 2]}, {}, {"index": 3}):
         assert _index(bad) is None
+
+
+def test_a_stale_writer_is_fenced_off_by_the_lock_token(tmp_path: Path, inputs: tuple) -> None:
+    """A task of a stopped job (its lock gone, a newer job holding OUT) writes nothing."""
+    from pipeline.store import lock
+    from pipeline.store.output import Output
+
+    a_url, b_url, _, _ = inputs
+    out = tmp_path / "out.zarr"
+    out.mkdir()
+    output = Output(str(out))
+    with lock.hold_lock(str(out), {}) as old:
+        output.check_fence(old.token)  # the holder's own tasks write
+    with lock.hold_lock(str(out), {}) as new, pytest.raises(UnsafeOutputError, match="stops"):
+        assert new.token != old.token
+        output.check_fence(old.token)
+    with pytest.raises(UnsafeOutputError, match="no longer holds"):
+        output.check_fence(old.token)  # no lock at all: the job is gone
+
+
+def test_an_unfinished_product_is_refused_as_an_input(
+    tmp_path: Path, client: Client, inputs: tuple
+) -> None:
+    from pipeline.errors import InputError
+
+    a_url, b_url, _, _ = inputs
+    out = tmp_path / "out.zarr"
+    multiply(a_url, b_url, str(out), client=client)
+    square = tmp_path / "sq.zarr"
+    multiply(str(out), str(out), str(square), client=client, transpose_b=True)  # finished: fine
+    array = zarr.open_array(str(out), mode="r+")
+    array.attrs["tilegemm"] = {**array.attrs["tilegemm"], "complete": False}
+    with pytest.raises(InputError, match=r"unfinished product of this tool.*--resume"):
+        multiply(str(out), str(out), str(tmp_path / "sq2.zarr"), client=client, transpose_b=True)
+
+
+def test_input_metadata_is_read_again_under_the_lock(
+    tmp_path: Path, client: Client, inputs: tuple
+) -> None:
+    from pipeline import prepare
+    from pipeline.errors import UsageError
+
+    a_url, b_url, _, _ = inputs
+    job = prepare(a_url, b_url, str(tmp_path / "out.zarr"))
+    zarr.open_array(a_url, mode="r+").attrs["units"] = "K"  # changed after planning
+    with pytest.raises(UsageError, match="changed after this job was planned"):
+        job.execute(client)
+    assert not (tmp_path / "out.zarr").exists()  # the folder it created is removed again
