@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-model calibrate bench-gpu bench-feed clean
+.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-model calibrate bench-gpu bench-feed fuzz clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,15 @@ bench-gpu: venv
 	$(PY) -m pipeline random $(FEED_DATA)/feed-b.zarr --shape 8192x8192 --chunks 2048x2048 --seed 2 --overwrite
 	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --real
 	$(PY) -m benchmarks.gpu_kernels
+
+# Hostile-tree fuzzing (tests/pipeline/fuzz_tree.py): random seeds for FUZZ_MINUTES, each a
+# sandbox of links, FIFOs, devices, sparse files and look-alike names under random CLI commands;
+# prints failures with their seeds (rerun one: python -m benchmarks.fuzz --seeds SEED), max RSS
+# and seconds; exit 1 on any broken invariant. FUZZ_JOBS=2 runs two cases at once.
+FUZZ_MINUTES ?= 30
+FUZZ_JOBS ?= 1
+fuzz: venv
+	$(PY) -m benchmarks.fuzz --minutes $(FUZZ_MINUTES) --jobs $(FUZZ_JOBS)
 
 clean:
 	rm -rf $(VENV) $(DEMO)

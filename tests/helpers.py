@@ -37,9 +37,11 @@ def run_cli(
     env: dict[str, str | None] | None = None,
     timeout: float = 120,
     prefix: tuple[str, ...] = (),
+    cwd: str | Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m module args`` from this checkout, after the command ``prefix`` (e.g.
-    ``file_modes_bind()``); ``env`` changes the environment (None unsets a variable)."""
+    """``python -m module args`` from this checkout (in folder ``cwd``), after the command
+    ``prefix`` (e.g. ``file_modes_bind()``); ``env`` changes the environment (None unsets a
+    variable)."""
     environ = {k: v for k, v in {**os.environ, **(env or {})}.items() if v is not None}
     environ["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), os.environ.get("PYTHONPATH")) if p
@@ -51,6 +53,7 @@ def run_cli(
         env=environ,
         timeout=timeout,
         check=False,
+        cwd=cwd,
     )
 
 

@@ -27,6 +27,8 @@ from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import inputs as io
 from pipeline.store.transposed import open_operand
 
+AGAIN = ", then verify again"
+"""The end of a bad chunk's fix when verify read it."""
 TAU = 6.0
 """Tail factor: a Gaussian residual exceeds 6 standard deviations about once in 10⁹ rows."""
 SAFETY = 4.0
@@ -190,7 +192,15 @@ def measure_noise(job: CheckSpec, ref: _Reference) -> float:
         [
             np.concatenate(
                 [
-                    io.read_block(c, rows, (c0, min(c0 + col_chunk, n)), wide_dtype(c.dtype))
+                    io.read_block(
+                        c,
+                        rows,
+                        (c0, min(c0 + col_chunk, n)),
+                        wide_dtype(c.dtype),
+                        "C",
+                        job.urls[2],
+                        retry=AGAIN,
+                    )  # fmt: skip
                     for c0 in range(0, n, col_chunk)
                 ],
                 axis=1,
@@ -263,8 +273,8 @@ def asymmetric(job: CheckSpec, rows: tuple[int, int]) -> int:
     found = 0
     for c0 in range(rows[0], n, step):
         cols = (c0, min(c0 + step, n))
-        block = io.read_block(c, rows, cols, str(c.dtype))
-        mirror = io.read_block(c, cols, rows, str(c.dtype)).T
+        block = io.read_block(c, rows, cols, str(c.dtype), "C", job.urls[2], retry=AGAIN)
+        mirror = io.read_block(c, cols, rows, str(c.dtype), "C", job.urls[2], retry=AGAIN).T
         found += int((_bits(block) != _bits(mirror)).sum())
     return found
 

@@ -26,6 +26,7 @@ from zarr.storage import LocalStore
 
 from pipeline.errors import UnsafeOutputError
 from pipeline.store.door import Door
+from pipeline.store.input_store import METADATA_BYTES, is_metadata
 
 DIRECT_MIN_BYTES = 2**20
 """Smaller writes go through the page cache: their copy costs little, a device round trip
@@ -49,6 +50,16 @@ class OutStore(LocalStore):
     def __init__(self, root: Path | str, *, read_only: bool = False, what: str = "OUT") -> None:
         super().__init__(root, read_only=read_only)
         self.door = Door(str(self.root), what)
+        self.chunk_bytes = METADATA_BYTES
+        """The most a stored chunk (or shard) may hold: metadata's bound until the array's
+        layout is known (``bound``), so a planted sparse file is never read whole."""
+
+    def bound(self, array: Any) -> Any:
+        """``array`` (opened on this store), its stored objects' size now known."""
+        from pipeline.store.bounded import stored_bytes
+
+        self.chunk_bytes = max(stored_bytes(array), METADATA_BYTES)
+        return array
 
     def with_read_only(self, read_only: bool = False) -> OutStore:
         return type(self)(self.root, read_only=read_only, what=self.door.what)
@@ -74,15 +85,17 @@ class OutStore(LocalStore):
         return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
 
     def _read(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
-        if byte_range is None:
-            return self.door.read_range(key, 0, None)
+        limit = METADATA_BYTES if is_metadata(key) else self.chunk_bytes
+        start, stop = 0, None
         if isinstance(byte_range, RangeByteRequest):
-            return self.door.read_range(key, byte_range.start, byte_range.end)
-        if isinstance(byte_range, OffsetByteRequest):
-            return self.door.read_range(key, byte_range.offset, None)
-        if isinstance(byte_range, SuffixByteRequest):
-            return self.door.read_range(key, -byte_range.suffix, None)
-        raise TypeError(f"unexpected byte range {byte_range!r}")
+            start, stop = byte_range.start, byte_range.end
+        elif isinstance(byte_range, OffsetByteRequest):
+            start = byte_range.offset
+        elif isinstance(byte_range, SuffixByteRequest):
+            start = -byte_range.suffix
+        elif byte_range is not None:
+            raise TypeError(f"unexpected byte range {byte_range!r}")
+        return self.door.read_range(key, start, stop, limit)
 
     async def _set(self, key: str, value: Buffer, exclusive: bool = False) -> None:
         if not self._is_open:

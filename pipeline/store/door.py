@@ -290,9 +290,12 @@ class Door:
         """The first ``nbytes`` of the regular file ``name`` (None: not there)."""
         return self.read_range(name, 0, nbytes)
 
-    def read_range(self, name: str, start: int, stop: int | None) -> bytes | None:
+    def read_range(
+        self, name: str, start: int, stop: int | None, limit: int | None = None
+    ) -> bytes | None:
         """Bytes ``start:stop`` of the regular file ``name`` (``stop`` None: to its end;
-        negative ``start``: from its end), or None when there is none."""
+        negative ``start``: from its end), or None when there is none; refused when the file
+        holds more than ``limit`` bytes."""
         head, base = _split(name)
         try:
             with self.folder(head) as parent:
@@ -308,6 +311,8 @@ class Door:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise self._refuse(name, f"is {_kind_words(st.st_mode)}, not a file")
+            if limit is not None and st.st_size > limit:
+                raise self._refuse(name, f"holds {st.st_size:,} bytes, more than {limit:,}")
             first = max(st.st_size + start, 0) if start < 0 else start
             last = st.st_size if stop is None else min(stop, st.st_size)
             return _read_all(fd, first, max(last - first, 0))
@@ -400,17 +405,29 @@ def _write_all(fd: int, view: memoryview) -> None:
         written += os.write(fd, view[written:])
 
 
-def create_folder(path: str) -> bool:
-    """Create the folder ``path`` (its parents as needed): True when this call made it,
-    False when a folder is already there."""
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    try:
-        os.mkdir(path)
-    except FileExistsError:
-        return False
-    return True
+def create_folder(path: str) -> list[str]:
+    """Create the folder ``path`` and its missing parents; returns the folders this call made,
+    outermost first (empty: it was there), so a job that leaves them empty can remove them."""
+    missing = []
+    head = os.path.abspath(path)
+    while not os.path.lexists(head):
+        missing.append(head)
+        head = os.path.dirname(head)
+    made = []
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            continue  # made by someone else meanwhile: theirs
+        made.append(folder)
+    return made
 
 
-def remove_empty_folder(path: str) -> None:
-    """Remove ``path`` if it is an empty folder (``rmdir`` never follows a link)."""
-    os.rmdir(path)
+def remove_empty_folders(paths: list[str]) -> None:
+    """Remove the folders ``paths`` (outermost first) while they are empty, innermost first
+    (``rmdir`` never follows a link and never removes a folder holding anything)."""
+    for folder in reversed(paths):
+        try:
+            os.rmdir(folder)
+        except OSError:
+            return

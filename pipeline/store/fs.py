@@ -172,6 +172,7 @@ def resolve_url(url: str, name: str) -> str:
     refused rather than guessed at)."""
     local = local_path(normalize_url(url))
     if local is not None:
+        _refuse_dangling(local, name)
         return os.path.realpath(local)
     if "::" in url:  # a chained URL (zip://PATH::ARCHIVE): read-only inputs, left as given
         return url
@@ -182,6 +183,19 @@ def resolve_url(url: str, name: str) -> str:
             f"spell the location without them"
         )
     return f"{protocol}://{rest.rstrip('/')}"
+
+
+def _refuse_dangling(path: str, name: str) -> None:
+    """A link on the way to ``path`` that leads nowhere would have the path resolved to
+    wherever it points and created there, outside anything the user named: refused."""
+    parts = path.split(os.sep)
+    for end in range(1, len(parts) + 1):
+        prefix = os.sep.join(parts[:end])
+        if prefix and os.path.islink(prefix) and not os.path.exists(prefix):
+            raise UsageError(
+                f"{name} ({path}): {prefix} is a symbolic link that leads nowhere (to "
+                f"{os.readlink(prefix)}); give the real location, or remove the link"
+            )
 
 
 def absolute(url: str) -> str:

@@ -19,7 +19,8 @@ def _open(url: str, options_json: str, mode: str, token: str) -> Any:
     if mode == "r":  # local files read within bounds (pipeline.store.input_store)
         return open_input_array(url, options)
     if "://" not in url and not options:  # a local OUT: written through its door
-        array = zarr.open_array(store=OutStore(url), mode=mode)
+        store = OutStore(url)
+        array = store.bound(zarr.open_array(store=store, mode=mode))
     else:
         array = zarr.open_array(url, mode=mode, storage_options=options)
     # Every chunk we compute is stored, even one equal to the fill value: zarr would otherwise

@@ -90,7 +90,7 @@ def read_checked(path: str, limit: int, key: str, byte_range: ByteRequest | None
 
 def refusal(key: str, found: str, path: str) -> StoredObjectError:
     """The error for ``found`` (see StoredObjectError) at ``key`` (its file ``path``)."""
-    part = "metadata document" if _is_metadata(key) else "chunk"
+    part = "metadata document" if is_metadata(key) else "chunk"
     return StoredObjectError(
         f"the {part} {key} is {found} ({path}); restore that {part} from a good copy of the "
         "array or rewrite the array",
@@ -101,10 +101,11 @@ def refusal(key: str, found: str, path: str) -> StoredObjectError:
 
 def named(error: StoredObjectError, name: str, url: str, then: str = "") -> StoredObjectError:
     """``error`` told of input ``name`` at ``url``, its fix ending with ``then``."""
-    part = "metadata document" if _is_metadata(error.key) else "chunk"
+    part = "metadata document" if is_metadata(error.key) else "chunk"
     where = f"{url.rstrip('/')}/{error.key}" if url else error.key
+    who = f"{name} ({url})" if url else name
     return StoredObjectError(
-        f"{name} ({url}) cannot be read: its {part} {where} is {error.found}; restore that "
+        f"{who} cannot be read: its {part} {where} is {error.found}; restore that "
         f"{part} from a good copy or rewrite {name}{then}",
         error.key,
         error.found,
@@ -130,7 +131,7 @@ class InputStore(LocalStore):
         return InputStore(self.root, read_only=self.read_only, chunk_bytes=chunk_bytes)
 
     def limit(self, key: str) -> int:
-        return METADATA_BYTES if _is_metadata(key) else self.chunk_bytes
+        return METADATA_BYTES if is_metadata(key) else self.chunk_bytes
 
     def get_sync(
         self,
@@ -194,5 +195,5 @@ def _span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
     raise TypeError(f"Unexpected byte_range, got {byte_range}.")
 
 
-def _is_metadata(key: str) -> bool:
+def is_metadata(key: str) -> bool:
     return key.rsplit("/", 1)[-1] in METADATA_KEYS

@@ -195,6 +195,7 @@ def read_block(
     name: str = "input",
     url: str = "",
     out: NDArray[Any] | None = None,
+    retry: str = ", then rerun with --resume",
 ) -> NDArray[Any]:
     """A C-contiguous block in ``dtype``, read by slice (no rechunk of the store); with
     ``out`` (C-contiguous, of the block's shape and ``dtype``) decoded straight into it, each
@@ -223,17 +224,17 @@ def read_block(
             return out
         block = array[selection]
     except StoredObjectError as e:  # refused unread: named as it is, not read again
-        raise named(e, name, url, ", then rerun with --resume") from e
+        raise named(e, name, url, retry) from e
     except Exception as e:
         bad = None if storage_problem(e, None) else _bad_chunk(array, rows, cols, e)
         if bad is None:
             raise
         (index, span, error) = bad
         if isinstance(error, StoredObjectError):  # another chunk of the block, refused unread
-            raise named(error, name, url, ", then rerun with --resume") from e
+            raise named(error, name, url, retry) from e
         key = f"{url.rstrip('/')}/{array.metadata.encode_chunk_key(index)}"
         where = f"{key} (rows {span[0]}:{span[1]}, columns {span[2]}:{span[3]})"
-        fix = f"restore that chunk from a good copy or rewrite {name}, then rerun with --resume"
+        fix = f"restore that chunk from a good copy or rewrite {name}{retry}"
         if isinstance(error, ChunkSizeError):
             raise ChunkSizeError(
                 f"{name} ({url}) has a chunk of the wrong size: {where}: {error}; {fix}",

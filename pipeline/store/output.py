@@ -156,15 +156,14 @@ class Output:
                     self._check_nothing_foreign("--resume" if resume else "--overwrite")
                 yield held, now
         finally:
-            if created:  # a local folder: removed only if the job wrote nothing (it is empty)
-                with contextlib.suppress(OSError):
-                    door.remove_empty_folder(self.url)
+            # Folders this claim made (OUT's, its missing parents): removed while empty.
+            door.remove_empty_folders(created)
 
-    def _make_folder(self) -> bool:
-        """Create a local OUT's folder exclusively (True), or find it there (False)."""
+    def _make_folder(self) -> list[str]:
+        """Create a local OUT's folder (and missing parents) exclusively: the folders made."""
         path = local_path(self.url)
         if path is None:
-            return False  # object stores have no folders: the lock's conditional write decides
+            return []  # object stores have no folders: the lock's conditional write decides
         try:
             return door.create_folder(path)
         except OSError as e:
@@ -212,7 +211,7 @@ class Output:
         elif dimension_names is not None:
             attrs["_ARRAY_DIMENSIONS"] = list(dimension_names)
         store, options = self.store()
-        return zarr.create_array(
+        array = zarr.create_array(
             store,
             shape=shape,
             chunks=tuple(max(c, 1) for c in chunks),
@@ -226,6 +225,7 @@ class Output:
             **names,
             **options,
         )
+        return store.bound(array) if isinstance(store, OutStore) else array
 
     def zarr_format(self) -> int:
         """The format to write OUT in: 2 inside a Zarr v2 group (which sees only v2 arrays)."""
@@ -311,7 +311,8 @@ class Output:
 
     def _open(self, mode: str) -> Any:
         store, options = self.store(read_only=mode == "r")
-        return zarr.open_array(store, mode=mode, **options)
+        array = zarr.open_array(store, mode=mode, **options)
+        return store.bound(array) if isinstance(store, OutStore) else array
 
     def store(self, read_only: bool = False) -> tuple[Any, dict[str, Any]]:
         """OUT for zarr, and the options to pass: a local OUT is a store that writes only

@@ -40,7 +40,8 @@ def read_operand(
     array: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: str
 ) -> NDArray[Any]:
     """``inputs.read_block`` of an operand as used (a transposed view of the stored block when
-    read transposed: no copy)."""
+    read transposed: no copy), as verify reads it (a bad chunk's fix: verify again)."""
+    again = ", then verify again"
     if isinstance(array, Transposed):
-        return inputs.read_block(array.stored, cols, rows, dtype).T
-    return inputs.read_block(array, rows, cols, dtype)
+        return inputs.read_block(array.stored, cols, rows, dtype, retry=again).T
+    return inputs.read_block(array, rows, cols, dtype, retry=again)

@@ -296,3 +296,49 @@ def test_input_metadata_is_read_again_under_the_lock(
     with pytest.raises(UsageError, match="changed after this job was planned"):
         job.execute(client)
     assert not (tmp_path / "out.zarr").exists()  # the folder it created is removed again
+
+
+@pytest.mark.parametrize("target", ["nowhere/deeper", "/tmp/tilegemm-nowhere-{pid}"])
+@pytest.mark.parametrize("command", ["multiply", "random"])
+def test_an_out_that_is_a_dangling_link_is_refused(
+    tmp_path: Path, inputs: tuple, target: str, command: str
+) -> None:
+    """Resolved, a dangling link would be created wherever it points: outside OUT."""
+    a_url, b_url, _, _ = inputs
+    target = target.format(pid=os.getpid())
+    (tmp_path / "out.zarr").symlink_to(target)
+    where = Path(target) if os.path.isabs(target) else tmp_path / target
+    args = (
+        ("multiply", a_url, b_url, "out.zarr")
+        if command == "multiply"
+        else ("random", "out.zarr", "--shape", "4x4", "--chunks", "2x2")
+    )
+    flags = ("--no-progress",) if command == "multiply" else ()
+    done = run_cli(*args, *flags, cwd=tmp_path)
+    assert done.returncode == 2 and "leads nowhere" in done.stderr, done.stderr
+    assert not where.exists() and not where.parent.joinpath("nowhere").exists()
+
+
+def test_a_refused_job_removes_the_parents_it_made(tmp_path: Path, inputs: tuple) -> None:
+    a_url, b_url, _, _ = inputs
+    out = tmp_path / "new" / "deeper" / "out.zarr"
+    (tmp_path / "c").mkdir()
+    done = run_cli("multiply", a_url, str(tmp_path / "c"), str(out), "--no-progress")
+    assert done.returncode == 2, done.stderr
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("name", [".zattrs", ".zarray", "zarr.json.bak"])
+def test_a_sparse_metadata_file_in_out_is_never_read_whole(
+    tmp_path: Path, inputs: tuple, name: str
+) -> None:
+    a_url, b_url, _, _ = inputs
+    out = tmp_path / "out.zarr"
+    assert run_cli("multiply", a_url, b_url, str(out), "--no-progress").returncode == 0
+    with open(out / name, "wb") as f:
+        f.truncate(3 << 30)  # sparse: no disk, 3 GiB to a reader
+    started = time.monotonic()
+    done = run_cli("multiply", a_url, b_url, str(out), "--overwrite", "--no-progress",
+                   prefix=("prlimit", f"--as={4 << 30}"))  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+    assert time.monotonic() - started < 60 and (out / name).stat().st_size == 3 << 30
