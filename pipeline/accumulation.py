@@ -10,9 +10,9 @@ from pipeline.errors import InputError, UnsafeOutputError, UsageError
 from pipeline.plan import ArraySpec, OutputSpec
 from pipeline.plan.dtypes import check_accumulation
 from pipeline.store import accumulate, inputs
+from pipeline.store.door import Door
 from pipeline.store.fs import local_path, url_to_fs
 from pipeline.store.output import Output
-from pipeline.store.reach import reach
 
 
 def check_flags(
@@ -80,9 +80,10 @@ def _check_own_folders(out: Output) -> None:
     local = local_path(out.url)
     if local is None:
         return
-    found = reach(local)
-    odd = [(p, "a symbolic link") for p in found.links] + [
-        (p, "a special file") for p in found.special
+    odd = [
+        (e.path, "a symbolic link" if e.kind == "link" else "a special file")
+        for e in Door(local, "C").walk()
+        if e.kind in ("link", "other")
     ]
     if odd:
         path, what = sorted(odd)[0]

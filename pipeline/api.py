@@ -8,6 +8,7 @@ A, B and OUT may be paths (``str`` or ``os.PathLike``), fsspec URLs or ``zarr.Ar
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
@@ -29,7 +30,7 @@ from pipeline.plan.layout import dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.planning import check_job_precision, plan_for, planning_backend
 from pipeline.store import inputs
-from pipeline.store.fs import absolute, check_protocol, resolve_url
+from pipeline.store.fs import absolute, check_protocol, refuse_linked, resolve_url
 from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
 from pipeline.store.owned import check_finished
@@ -102,6 +103,13 @@ def prepare(
         verify=verify,
         layout=layout,
     )
+    for flag, on in (
+        ("--overwrite", overwrite),
+        ("--resume", resume),
+        ("--accumulate", accumulate),
+    ):
+        if on and isinstance(out, str | os.PathLike):
+            refuse_linked(os.fspath(out), "C" if accumulate else "OUT", flag)
     urls, storage = _locate((a, b, out), storage_options)
     options = JobOptions(
         backend=backend,

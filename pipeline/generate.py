@@ -12,7 +12,7 @@ import numpy as np
 import zarr
 
 from pipeline.errors import InputError, OutputExistsError, UsageError
-from pipeline.store.fs import check_writable, resolve_url
+from pipeline.store.fs import check_writable, refuse_linked, resolve_url
 from pipeline.store.output import Output
 from pipeline.store.owned import ATTRS_KEY
 
@@ -43,6 +43,8 @@ def write_random(
         raise UsageError(f"--chunks {chunks[0]}x{chunks[1]} must be at least 1x1")
     check_seed(seed)
     check_chunk_count(shape, chunks)
+    if overwrite:
+        refuse_linked(url, "OUT", "--overwrite")
     url = resolve_url(url, "OUT")
     output = Output(url, dict(storage_options or {}))
     check_writable(url)

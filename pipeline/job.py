@@ -117,7 +117,9 @@ class MatmulJob:
             check_job_precision(opts.backend, backend, self.plan.compute_dtype, opts.precision)
             check_tensor_simulator(c, backend, opts.precision)
             plan = self.for_cluster(c, backend).plan
-            spec = replace(self._task_spec(plan, backend), lock_token=held.token)
+            spec = replace(
+                self._task_spec(plan, backend), lock_token=held.token, out_folder=held.folder
+            )
             at_start = resume.listings(self.store)
             self.output.check_apart(  # again under OUT's lock, before anything is written
                 [("A", self.store.a_url), ("B", self.store.b_url)]

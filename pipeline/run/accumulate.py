@@ -14,7 +14,7 @@ from pipeline.errors import InputError
 from pipeline.plan import Tile
 from pipeline.run.spec import TaskSpec
 from pipeline.store.accumulate import ORIGINAL, SAVED, move_originals, object_keys, sidecar
-from pipeline.store.fs import url_to_fs, write_bytes
+from pipeline.store.fs import read_small, write_bytes
 from pipeline.store.handles import cached_array
 
 
@@ -39,8 +39,8 @@ def original(spec: TaskSpec, tile: Tile) -> Originals | None:
         return None
     side, options = sidecar(spec.output), spec.store.storage_options
     marker = f"{SAVED}/tile-{tile.index[0]}-{tile.index[1]}.json"
-    fs, path = url_to_fs(side.url, options)
-    if not fs.exists(f"{path.rstrip('/')}/{marker}"):
+    if read_small(side.url, marker, options) is None:
+        spec.output.check_fence(spec.lock_token)  # a stopped job's task moves nothing
         c = spec.output.writable(spec.fingerprint)
         move_originals(spec.output, object_keys(c, tile.rows, tile.cols))
         write_bytes(side.url, marker, json.dumps({"index": tile.index}).encode(), options)

@@ -55,6 +55,9 @@ class TaskSpec:
     accumulate: bool = False
     """OUT is an existing C updated in place, exactly once per tile (pipeline.run.accumulate);
     the journal lives in C's accumulation folder."""
+    out_folder: tuple[int, int] | None = None
+    """(st_dev, st_ino) of a local OUT's folder as the job locked it: a task writes only there
+    (a folder swapped in at OUT's path is refused)."""
     lock_token: str = ""
     """The token of the lock the job holds on OUT (or C): a task writes a band only while the
     lock still carries it, so a newer job's claim stops an older job's stragglers."""

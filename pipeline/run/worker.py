@@ -49,6 +49,7 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     start = time.perf_counter()
     partial, bytes_read, phases = product
     clock = PhaseTimes()
+    spec.output.hold(spec.out_folder)
     originals = accumulate.original(spec, tile)
     with clock.measure("write"):
         old = None if originals is None else originals.rows(0, tile.shape[0])
@@ -77,6 +78,7 @@ def tile_product_write(
     ``resume`` (the first row not written, the crc32 of the rows before it): a resumed tile
     computes only its unwritten rows."""
     start = time.perf_counter()
+    spec.output.hold(spec.out_folder)
     out = spec.output.writable(spec.fingerprint)
     clock = PhaseTimes()
     originals = accumulate.original(spec, tile)  # moved aside before the first write of C

@@ -19,20 +19,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import zarr
-
-from pipeline.errors import UsageError
+from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.plan import MatmulPlan
 from pipeline.store import journal
 from pipeline.store.door import Door
 from pipeline.store.fs import (
-    fsspec_options,
     local_path,
     read_json,
     read_small,
     url_to_fs,
     write_bytes,
 )
+from pipeline.store.handles import open_output
 from pipeline.store.output import Output
 from pipeline.store.owned import SIDECAR
 from pipeline.store.resume import forget_stale
@@ -132,6 +130,11 @@ def move_originals(out: Output, keys: list[str]) -> None:
         for key in keys:
             target = f"{SIDECAR}/{ORIGINAL}/{key}"
             if door.exists(target):  # linked there by a run killed before its unlink
+                if door.exists(key) and not door.same_file(key, target):
+                    raise UnsafeOutputError(
+                        f"C ({out.url}): {key} and its saved original differ; the "
+                        "accumulation cannot tell which is C's: restore C from a copy"
+                    )
                 door.remove(key)
                 continue
             door.rename(key, target)
@@ -170,9 +173,7 @@ def remove(out: Output) -> None:
 def snapshot(out: Output) -> dict[str, Any]:
     """What ``prepare`` saw of C, compared again under C's lock: its metadata and the state of
     an accumulation into it."""
-    array = zarr.open_array(
-        out.url, mode="r", storage_options=fsspec_options(out.url, out.storage_options)
-    )
+    array = open_output(out.url, out.storage_options)
     meta = json.dumps(array.metadata.to_dict(), sort_keys=True, default=str)
     state = read_state(out)
     snap: dict[str, Any] = {"metadata": meta, "accumulation": state}

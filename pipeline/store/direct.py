@@ -61,6 +61,32 @@ class OutStore(LocalStore):
         self.chunk_bytes = max(stored_bytes(array), METADATA_BYTES)
         return array
 
+    async def _open(self, *, mode: Any = None) -> None:
+        """OUT's folder must be there (claimed): never created here, through a link or not
+        (a stopped job's straggler must not make a deleted OUT again)."""
+        self.door.identity()  # refuses a link, a file or a swapped folder; FileNotFoundError
+        self._is_open = True
+
+    def _ensure_open_sync(self) -> None:
+        if not self._is_open:
+            self.door.identity()
+            self._is_open = True
+
+    def get_sync(
+        self,
+        key: str,
+        *,
+        prototype: BufferPrototype | None = None,
+        byte_range: ByteRequest | None = None,
+    ) -> Buffer | None:
+        self._ensure_open_sync()
+        data = self._read(key, byte_range)
+        return (
+            None
+            if data is None
+            else (prototype or default_buffer_prototype()).buffer.from_bytes(data)
+        )
+
     def with_read_only(self, read_only: bool = False) -> OutStore:
         return type(self)(self.root, read_only=read_only, what=self.door.what)
 

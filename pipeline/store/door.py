@@ -31,6 +31,26 @@ SMALL_READ_BYTES = 16 << 20
 """The most a sidecar (lock, journal entry, listing, state) is read: they are small JSON."""
 
 
+_pinned: dict[str, tuple[int, int]] = {}
+"""Folders a job holds (OUT, or C, under its lock) -> their identity: every door below one
+walks from it and refuses a folder swapped in at its path."""
+
+
+def pin(root: str, identity: tuple[int, int] | None) -> None:
+    """Hold ``root`` to the folder of ``identity`` for this process (None: let it go)."""
+    root = root.rstrip("/") or "/"
+    if identity is None:
+        _pinned.pop(root, None)
+    else:
+        _pinned[root] = identity
+
+
+def _pinned_base(root: str) -> str | None:
+    """The pinned folder at or above ``root``, the nearest one."""
+    found = [p for p in _pinned if root == p or root.startswith(p.rstrip("/") + "/")]
+    return max(found, key=len) if found else None
+
+
 def partial_name(name: str) -> str:
     """A temporary file beside ``name`` (renamed over it once written): zarr's spelling."""
     return f"{name}.{uuid.uuid4().hex}.partial"
@@ -72,12 +92,30 @@ class Door:
             os.close(fd)
 
     def _open_root(self) -> int:
+        """The root's descriptor: walked from the folder a job pinned when it holds one above
+        (or at) the root, so a folder swapped in at that path meanwhile is refused."""
+        base = _pinned_base(self.root)
         try:
-            return os.open(self.root, DIR_FLAGS)
+            fd = os.open(base or self.root, DIR_FLAGS)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise self._refuse("", "is a symbolic link or not a folder") from e
             raise
+        if base is None:
+            return fd
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino) != _pinned[base]:
+            os.close(fd)
+            raise self._refuse("", f"is not the folder the job locked ({base} was replaced)")
+        for part in _parts(self.root[len(base) :], self.root):
+            fd = self._step(fd, part, "", False)
+        return fd
+
+    def identity(self) -> tuple[int, int]:
+        """(st_dev, st_ino) of the root folder, opened as every operation opens it."""
+        with self.folder() as fd:
+            st = os.fstat(fd)
+        return (st.st_dev, st.st_ino)
 
     def _step(self, parent: int, part: str, relpath: str, create: bool) -> int:
         try:
@@ -169,8 +207,12 @@ class Door:
         with self.folder(head, create=True) as parent:
             fd = os.open(base, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_NOFOLLOW | O_CLOEXEC,
                          0o644, dir_fd=parent)  # fmt: skip
-        if data:
-            os.pwrite(fd, data, 0)
+        try:
+            if data:
+                os.pwrite(fd, data, 0)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def open_existing(self, name: str) -> int:
@@ -185,9 +227,10 @@ class Door:
                 if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.EOPNOTSUPP):
                     raise self._refuse(name, "is a link, a folder or a special file") from e
                 raise
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise self._refuse(name, "is not a regular file")
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:
+            os.close(fd)  # a second name would make a write here a write to another file
+            raise self._refuse(name, "is not a regular file with one name (a hard link?)")
         return fd
 
     def remove(self, name: str) -> bool:
@@ -325,11 +368,18 @@ class Door:
         try:
             with self.folder(head) as parent:
                 os.stat(base, dir_fd=parent, follow_symlinks=False)
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return False
-        except UnsafeOutputError:
-            return True
-        return True
+        return True  # a link or a file on the way is refused (UnsafeOutputError), not "no"
+
+    def same_file(self, one: str, other: str) -> bool:
+        """``one`` and ``other`` are one regular file (two names of one inode)."""
+        found = []
+        for name in (one, other):
+            head, base = _split(name)
+            with self.folder(head) as parent:
+                found.append(os.stat(base, dir_fd=parent, follow_symlinks=False))
+        return stat.S_ISREG(found[0].st_mode) and os.path.samestat(found[0], found[1])
 
     def walk(self, relpath: str = "") -> Iterator[Entry]:
         """Everything under ``relpath``, links and special files reported, never followed."""
@@ -337,23 +387,29 @@ class Door:
             yield from _walk(fd, relpath)
 
 
-def _walk(fd: int, prefix: str) -> Iterator[Entry]:
+MAX_DEPTH = 16
+"""Folders deeper than this are never ours (ours go 4 deep): reported, not walked."""
+
+
+def _walk(fd: int, prefix: str, depth: int = 0) -> Iterator[Entry]:
     with os.scandir(fd) as it:
         found = list(it)
     for item in found:
         st = item.stat(follow_symlinks=False)
         path = f"{prefix}/{item.name}" if prefix else item.name
         kind = _kind(st.st_mode)
+        if kind == "dir" and depth >= MAX_DEPTH:
+            kind = "other"
         yield Entry(path, kind, st.st_size, st.st_dev, st.st_ino)
         if kind != "dir":
             continue
         try:
             child = os.open(item.name, DIR_FLAGS, dir_fd=fd)
-        except FileNotFoundError:
-            continue  # removed as we looked
+        except (FileNotFoundError, NotADirectoryError, OSError):
+            continue  # removed or swapped as we looked: the next step that needs it refuses
         try:
             if os.path.samestat(st, os.fstat(child)):  # nothing swapped in between
-                yield from _walk(child, path)
+                yield from _walk(child, path, depth + 1)
         finally:
             os.close(child)
 
@@ -406,20 +462,34 @@ def _write_all(fd: int, view: memoryview) -> None:
 
 
 def create_folder(path: str) -> list[str]:
-    """Create the folder ``path`` and its missing parents; returns the folders this call made,
-    outermost first (empty: it was there), so a job that leaves them empty can remove them."""
-    missing = []
-    head = os.path.abspath(path)
+    """Create the folder ``path`` and its missing parents, each by name inside its parent's
+    descriptor (a link planted for a missing one is refused, never followed); returns the
+    folders this call made, outermost first (empty: it was there), so a job that leaves them
+    empty can remove them."""
+    path = os.path.abspath(path)
+    head, missing = path, []
     while not os.path.lexists(head):
-        missing.append(head)
+        missing.append(os.path.basename(head))
         head = os.path.dirname(head)
-    made = []
-    for folder in reversed(missing):
-        try:
-            os.mkdir(folder)
-        except FileExistsError:
-            continue  # made by someone else meanwhile: theirs
-        made.append(folder)
+    made: list[str] = []
+    fd = os.open(head, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)  # the user's own path
+    try:
+        for name in reversed(missing):
+            head = os.path.join(head, name)
+            try:
+                os.mkdir(name, 0o777, dir_fd=fd)
+                made.append(head)
+            except FileExistsError:
+                pass  # made by someone else meanwhile: theirs
+            child = os.open(name, DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise UnsafeOutputError(f"{head} is a symbolic link or a file, not a folder") from e
+        raise
+    finally:
+        os.close(fd)
     return made
 
 

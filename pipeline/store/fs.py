@@ -122,6 +122,8 @@ def check_protocol(url: str, name: str) -> None:
         raise UsageError(f"{name} ({url}) needs a package that is not installed: {e}") from e
 
 
+LOCAL_SCHEMES = ("file://", "local://")
+"""fsspec's names for the local file system: such a URL is a path."""
 NOT_SHARED = ("memory",)
 """Protocols whose data lives in one process: the workers (other processes) can't see it."""
 NOT_WRITABLE = ("zip", "tar", "http", "https")
@@ -143,6 +145,11 @@ def check_shared(url: str, name: str) -> None:
 def check_writable(url: str) -> None:
     """Refuse an OUT that can't take concurrent writers (an archive) or can't be written."""
     check_shared(url, "OUT")
+    if "::" in url:
+        raise UsageError(
+            f"OUT ({url}) is a chained URL; OUT is written directly: give its path or its "
+            "store's own URL (e.g. s3://bucket/c.zarr)"
+        )
     protocol, _ = fsspec.core.split_protocol(url)
     archive = protocol in ("zip", "tar") or url.rstrip("/").lower().endswith((".zip", ".tar"))
     if archive:
@@ -159,10 +166,10 @@ def check_writable(url: str) -> None:
 
 
 def normalize_url(url: str) -> str:
-    """``file://`` URLs become plain paths: zarr's local store creates folders as it writes
-    (fsspec's local file system does not), and paths compare the same way everywhere."""
+    """``file://`` and ``local://`` URLs become plain paths: every local path goes through
+    the same checks and the same door, and compares the same way everywhere."""
     local = local_path(url)
-    return local if local is not None and url.startswith("file://") else url
+    return local if local is not None and url.startswith(LOCAL_SCHEMES) else url
 
 
 def resolve_url(url: str, name: str) -> str:
@@ -183,6 +190,18 @@ def resolve_url(url: str, name: str) -> str:
             f"spell the location without them"
         )
     return f"{protocol}://{rest.rstrip('/')}"
+
+
+def refuse_linked(url: str, name: str, flag: str) -> None:
+    """``flag`` (--overwrite, --resume, --accumulate) changes what ``name`` already holds:
+    refused when ``name`` is itself a link, which anyone who can write its folder could have
+    pointed at another array of yours. Name the array by its own path instead."""
+    local = local_path(normalize_url(url))
+    if local is not None and os.path.islink(local.rstrip("/")):
+        raise UnsafeOutputError(
+            f"{name} ({url}) is a symbolic link (to {os.readlink(local.rstrip('/'))}); {flag} "
+            f"changes what it holds, so give its own path: {os.path.realpath(local)}"
+        )
 
 
 def _refuse_dangling(path: str, name: str) -> None:
@@ -206,14 +225,16 @@ def absolute(url: str) -> str:
 
 
 def local_path(url: str) -> str | None:
-    """The file system path of a local path or file:// URL; None for other URLs."""
-    if url.startswith("file://"):
-        return url.removeprefix("file://")
+    """The file system path of a local path or file:// (or local://) URL; None for other
+    URLs."""
+    for scheme in LOCAL_SCHEMES:
+        if url.startswith(scheme):
+            return url.removeprefix(scheme)
     return None if "://" in url else url
 
 
 def fsspec_options(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
     """fsspec options apply only to URLs; zarr refuses them for local paths."""
-    if not storage_options or "://" not in url or url.startswith("file://"):
+    if not storage_options or "://" not in url or url.startswith(LOCAL_SCHEMES):
         return None
     return storage_options

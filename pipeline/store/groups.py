@@ -14,6 +14,7 @@ import zarr
 
 from pipeline.store.direct import OutStore
 from pipeline.store.fs import fsspec_options, local_path
+from pipeline.store.input_store import InputStore
 
 
 @dataclass(frozen=True)
@@ -30,14 +31,20 @@ def enclosing_groups(url: str, storage_options: dict[str, Any]) -> list[GroupInf
     for parent in _parents(url):
         try:
             with _quiet():
-                group = zarr.open_group(
-                    parent, mode="r", storage_options=fsspec_options(parent, storage_options)
-                )
+                group = _open_group(parent, storage_options)
         except Exception:  # noqa: BLE001 - not a group (or unreadable): the hierarchy ends
             break
         meta = group.metadata
         groups.append(GroupInfo(parent, meta.zarr_format, meta.consolidated_metadata is not None))
     return groups
+
+
+def _open_group(url: str, storage_options: dict[str, Any]) -> Any:
+    """A folder above OUT read as a group: a local one bounded and never waiting on a FIFO
+    (anyone may have written the folders around OUT)."""
+    if local_path(url) is not None:
+        return zarr.open_group(store=InputStore(url), mode="r")
+    return zarr.open_group(url, mode="r", storage_options=fsspec_options(url, storage_options))
 
 
 def output_format(url: str, storage_options: dict[str, Any]) -> int:

@@ -29,6 +29,15 @@ def _open(url: str, options_json: str, mode: str, token: str) -> Any:
     return array.with_config({"write_empty_chunks": True})
 
 
+def open_output(url: str, storage_options: dict[str, Any] | None, mode: str = "r") -> Any:
+    """OUT (or C) opened as its owner opens it: a local one through an OutStore (every read
+    and write by its door, reads bounded), else by URL."""
+    if "://" in url:
+        return zarr.open_array(url, mode=mode, storage_options=fsspec_options(url, storage_options))
+    store = OutStore(url, read_only=mode == "r")
+    return store.bound(zarr.open_array(store=store, mode=mode))
+
+
 def cached_array(
     url: str, storage_options: dict[str, Any], token: str, writable: bool = False
 ) -> Any:

@@ -12,14 +12,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
-import zarr
 from numpy.typing import NDArray
 
 from pipeline.errors import UsageError, storage_problem
 from pipeline.plan import MatmulPlan, Tile
 from pipeline.store import chunk_read, mirror
 from pipeline.store.door import Door
-from pipeline.store.fs import fsspec_options, list_json, local_path, url_to_fs
+from pipeline.store.fs import list_json, local_path, url_to_fs
+from pipeline.store.handles import open_output
 
 log = logging.getLogger("pipeline")
 JOURNAL_DIR = "journal"
@@ -62,8 +62,7 @@ def journaled(
 ) -> set[tuple[int, int]]:
     """Tiles with an entry of this fingerprint in ``journal_url``'s journal whose bytes in the
     array at ``data_url`` (OUT, or an accumulation's C) still match its checksum."""
-    options = fsspec_options(data_url, storage_options)
-    out = zarr.open_array(data_url, mode="r", storage_options=options)
+    out = open_output(data_url, storage_options)
     tiles = {t.index: t for t in plan.tiles()}
     claimed = {}
     for entry in list_json(journal_url, JOURNAL_DIR, storage_options):
@@ -100,9 +99,7 @@ def written_rows(
             bands.setdefault(index, {})[rows[0]] = band
     if not bands:
         return {}
-    out = zarr.open_array(
-        data_url, mode="r", storage_options=fsspec_options(data_url, storage_options)
-    )
+    out = open_output(data_url, storage_options)
 
     def kept(tile: Tile) -> tuple[int, int]:
         row, chain = tile.rows[0], 0

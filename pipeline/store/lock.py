@@ -30,7 +30,7 @@ import psutil
 
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
-from pipeline.store.door import Door
+from pipeline.store.door import Door, pin
 from pipeline.store.fs import local_path, read_json, url_to_fs
 
 log = logging.getLogger("pipeline")
@@ -55,8 +55,21 @@ class HeldLock:
     token: str
     fd: int | None = None
     """The flock'd descriptor (local files); None on object stores."""
+    folder: tuple[int, int] | None = None
+    """(st_dev, st_ino) of the local folder holding this lock, once pinned (``pin_folder``)."""
 
     __repr__ = redacted_repr
+
+    def pin_folder(self) -> None:
+        """Hold OUT's path to the folder whose lock this is, for every door of this process
+        (pipeline.store.door.pin): a folder swapped in at its path is refused from now on."""
+        if self.fd is None:
+            return
+        self.folder = Door(self.url).identity()
+        pin(self.url, self.folder)
+        if not _same_file(self.fd, self.url):  # the folder pinned is not the locked one
+            pin(self.url, None)
+            raise UnsafeOutputError(f"OUT ({self.url}) was replaced as its lock was taken; rerun")
 
     def still_held(self) -> bool:
         if self.fd is not None:
@@ -72,6 +85,8 @@ class HeldLock:
                 fs.rm_file(_lock_path(self.url, self.storage_options))
         if self.fd is not None:
             os.close(self.fd)
+        if self.folder is not None:
+            pin(self.url, None)
 
 
 @contextlib.contextmanager
@@ -122,19 +137,26 @@ def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:
             if created and e.errno in NO_FLOCK:  # left empty, it would refuse the lock file
                 door.remove(LOCK_NAME)
             raise
-        if _same_file(fd, url):
-            left = _read_fd(fd)
-            if not created and not _ours(fd, left):
-                os.close(fd)
-                raise _foreign(url)
-            if left.get("pid") is not None:  # a job killed before it could remove its lock
-                log.info("OUT had a stale lock from a job that is gone (%s); taking it over",
-                         _who(left))  # fmt: skip
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, json.dumps(mine).encode(), 0)
-            return HeldLock(url, {}, mine["token"], fd)
+        try:
+            if _same_file(fd, url):
+                return _take(fd, url, mine, created)
+        except BaseException:
+            os.close(fd)  # never left open (and locked) behind a refusal
+            raise
         os.close(fd)  # the holder removed this file as we opened it: take the new one
     raise UnsafeOutputError(f"OUT ({url}): its lock changed hands 20 times in a row; rerun")
+
+
+def _take(fd: int, url: str, mine: dict[str, Any], created: bool) -> HeldLock:
+    """The locked file at ``fd`` rewritten to name this job (only a lock file of ours)."""
+    left = _read_fd(fd)
+    if not created and not _ours(fd, left):
+        raise _foreign(url)
+    if left.get("pid") is not None:  # a job killed before it could remove its lock
+        log.info("OUT had a stale lock from a job that is gone (%s); taking it over", _who(left))
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(mine).encode(), 0)
+    return HeldLock(url, {}, mine["token"], fd)
 
 
 def _acquire_object(url: str, storage_options: dict[str, Any], mine: dict[str, Any]) -> HeldLock:

@@ -35,7 +35,7 @@ from pipeline.store.fs import (
     url_to_fs,
     write_bytes,
 )
-from pipeline.store.handles import cached_array
+from pipeline.store.handles import cached_array, open_output
 from pipeline.store.owned import ATTRS_KEY
 from pipeline.store.reach import check_apart
 
@@ -135,6 +135,7 @@ class Output:
         created = self._make_folder()
         try:
             with lock.hold_lock(self.url, self.storage_options) as held:
+                held.pin_folder()  # every later step here reaches this very folder
                 if current is not None:
                     snap = current()
                     if snap != seen:
@@ -210,6 +211,9 @@ class Output:
             names["dimension_names"] = dimension_names
         elif dimension_names is not None:
             attrs["_ARRAY_DIMENSIONS"] = list(dimension_names)
+        local = local_path(self.url)
+        if local is not None:
+            door.create_folder(local)  # claimed already in a job; here for direct callers
         store, options = self.store()
         array = zarr.create_array(
             store,
@@ -291,6 +295,11 @@ class Output:
                 "(it stopped, or another job took OUT); this task stops without writing"
             )
 
+    def hold(self, folder: tuple[int, int] | None) -> None:
+        """Worker side: this process's doors reach OUT only in the folder the job locked."""
+        if folder is not None and local_path(self.url) is not None:
+            door.pin(self.url, folder)
+
     def writable(self, token: str) -> Any:
         """Worker side: OUT's array handle, cached per process and job ``token``."""
         return cached_array(self.url, self.storage_options, token, writable=True)
@@ -310,9 +319,7 @@ class Output:
         write_bytes(self.url, name, json.dumps(entry).encode(), self.storage_options)
 
     def _open(self, mode: str) -> Any:
-        store, options = self.store(read_only=mode == "r")
-        array = zarr.open_array(store, mode=mode, **options)
-        return store.bound(array) if isinstance(store, OutStore) else array
+        return open_output(self.url, self.storage_options, mode)
 
     def store(self, read_only: bool = False) -> tuple[Any, dict[str, Any]]:
         """OUT for zarr, and the options to pass: a local OUT is a store that writes only

@@ -217,12 +217,21 @@ def classify(found: Found, rec: Record | None) -> tuple[list[str], list[str]]:
     ours: list[str] = []
     foreign = sorted(found.other)
     for path in sorted(found.files):
-        owned = rec.owns(path) if rec is not None else path == LOCK_NAME
+        owned = rec.owns(path) if rec is not None else _before_any_record(path)
         (ours if owned else foreign).append(path)
     for folder in sorted(found.folders):
         if rec is None or not rec.folder(folder):
             foreign.append(folder + "/")
     return ours, foreign
+
+
+def _before_any_record(path: str) -> bool:
+    """What a job killed before its array's metadata was in place leaves: its lock, and the
+    temporary file of that metadata document (renamed into place once written)."""
+    partial = PARTIAL.fullmatch(path)
+    return path == LOCK_NAME or (
+        partial is not None and partial.group("name") in ("zarr.json", ".zarray", ".zattrs")
+    )
 
 
 def entries(url: str, storage_options: dict[str, Any]) -> tuple[list[str], list[str]]:

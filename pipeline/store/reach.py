@@ -1,5 +1,6 @@
-"""What a local store reaches: every folder and file under it, links followed (a chunk folder
-on another disk is a normal layout), each known by its identity ``(st_dev, st_ino)``.
+"""What a local store reaches: every folder and file where its chunk keys live, links followed
+(a chunk folder on another disk is a normal layout), each known by its identity
+``(st_dev, st_ino)``; any other folder is known by its own identity, not walked.
 
 Two stores overlap when they reach one folder or file, however their paths are spelled: an
 input whose ``c/`` is a link into OUT, a C whose chunk folder is an input's. Paths alone cannot
@@ -63,7 +64,8 @@ def reach(root: str) -> Reach:
             if stat.S_ISDIR(st.st_mode):
                 if key not in found.ids:
                     found.ids[key] = name
-                    pending.append((name, item.path))
+                    if chunk_folder(name):  # only where chunk keys live: never a crawl of /
+                        pending.append((name, item.path))
                 continue
             found.ids.setdefault(key, name)
             if stat.S_ISREG(st.st_mode):
@@ -71,6 +73,15 @@ def reach(root: str) -> Reach:
             else:
                 found.special.append(name)
     return found
+
+
+def chunk_folder(path: str) -> bool:
+    """A folder a chunk key can pass through: ``c``, ``c/1``, ``1`` (a v2 ``/`` key)... Any
+    other (a link to ``/`` named ``x``) is known by its identity, never walked."""
+    parts = path.split("/")
+    if parts[0] == "c":
+        parts = parts[1:]
+    return all(p.isdigit() for p in parts)
 
 
 def shared(one: Reach, other: Reach) -> tuple[str, str] | None:

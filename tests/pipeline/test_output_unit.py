@@ -175,8 +175,11 @@ def test_claim_creates_the_folder_and_removes_it_if_left_empty(tmp_path: Path) -
     with out.claim(None, overwrite=False, resume=False) as (held, state):
         assert state is None and held is not None
         assert (tmp_path / "deep" / "out.zarr").is_dir()
-    assert not (tmp_path / "deep" / "out.zarr").exists()
-    assert (tmp_path / "deep").is_dir()  # its parent stays
+    assert not (tmp_path / "deep").exists()  # the parent it made for OUT goes too
+    (tmp_path / "kept").mkdir()
+    with Output(str(tmp_path / "kept" / "out.zarr")).claim(None, overwrite=False, resume=False):
+        pass
+    assert (tmp_path / "kept").is_dir()  # a parent that was there stays
 
 
 def test_claim_keeps_a_folder_the_job_wrote_into(tmp_path: Path) -> None:
@@ -288,9 +291,9 @@ def test_a_folder_that_cannot_be_created(tmp_path: Path) -> None:
     )
     with pytest.raises(UsageError, match=f"^{re.escape(want)}$"):
         out._make_folder()
-    assert Output("memory://bucket/out.zarr")._make_folder() is False  # no folders there
-    assert Output(str(tmp_path / "new"))._make_folder() is True
-    assert Output(str(tmp_path / "new"))._make_folder() is False
+    assert Output("memory://bucket/out.zarr")._make_folder() == []  # no folders there
+    assert Output(str(tmp_path / "new"))._make_folder() == [str(tmp_path / "new")]
+    assert Output(str(tmp_path / "new"))._make_folder() == []
 
 
 # --- replacing, creating, reading back -----------------------------------------------------

@@ -342,3 +342,121 @@ def test_a_sparse_metadata_file_in_out_is_never_read_whole(
                    prefix=("prlimit", f"--as={4 << 30}"))  # fmt: skip
     assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
     assert time.monotonic() - started < 60 and (out / name).stat().st_size == 3 << 30
+
+
+def test_a_hard_linked_lock_is_never_written(tmp_path: Path) -> None:
+    from pipeline.store import lock
+
+    victim = tmp_path / "victim"
+    victim.write_text("")  # empty, like a lock a killed job left: only its second name differs
+    out = tmp_path / "out"
+    out.mkdir()
+    os.link(victim, out / "lock.json")
+    with pytest.raises(UnsafeOutputError, match="hard link"):
+        lock.acquire(str(out), {})
+    assert victim.read_text() == ""
+
+
+def test_an_original_is_never_removed_unless_saved(tmp_path: Path) -> None:
+    from pipeline.store.accumulate import move_originals
+    from pipeline.store.output import Output
+
+    c = tmp_path / "c.zarr"
+    (c / "c" / "0").mkdir(parents=True)
+    (c / "c" / "0" / "0").write_bytes(b"C's values")
+    (c / ".tilegemm-accumulate").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    (c / ".tilegemm-accumulate" / "original").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeOutputError):
+        move_originals(Output(str(c)), ["c/0/0"])
+    assert (c / "c" / "0" / "0").read_bytes() == b"C's values"
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+def test_a_folder_swapped_in_at_out_s_path_is_never_written(tmp_path: Path) -> None:
+    """Someone who can rename in OUT's parent swaps another folder in mid-job."""
+    from pipeline.store import lock
+    from pipeline.store.door import Door
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with lock.hold_lock(str(out), {}) as held:
+        held.pin_folder()
+        out.rename(tmp_path / "moved")
+        out.mkdir()
+        (out / "zarr.json").write_text("theirs")
+        for act in (lambda: Door(str(out)).remove("zarr.json"),
+                    lambda: Door(str(out)).write("zarr.json", b"ours"),
+                    lambda: Door(str(out / ".tilegemm-accumulate")).write("s", b"x")):  # fmt: skip
+            with pytest.raises(UnsafeOutputError, match="replaced"):
+                act()
+    assert (out / "zarr.json").read_text() == "theirs"
+    Door(str(out)).write("x", b"unpinned again")  # released: the path is the path again
+
+
+@pytest.mark.parametrize("flag", ["overwrite", "resume"])
+def test_an_out_given_as_a_link_is_not_replaced(
+    tmp_path: Path, client: Client, inputs: tuple, flag: str
+) -> None:
+    a_url, b_url, _, _ = inputs
+    mine = tmp_path / "earlier.zarr"
+    multiply(a_url, b_url, str(mine), client=client)
+    before = snapshot(mine)
+    (tmp_path / "shared-out").symlink_to(mine)  # planted by someone who can write the folder
+    with pytest.raises(UnsafeOutputError, match="symbolic link"):
+        multiply(a_url, b_url, str(tmp_path / "shared-out"), client=client, **{flag: True})
+    assert snapshot(mine) == before
+
+
+def test_local_urls_go_through_the_same_checks(
+    tmp_path: Path, client: Client, inputs: tuple
+) -> None:
+    a_url, b_url, a, b = inputs
+    out = tmp_path / "out.zarr"
+    multiply(a_url, b_url, str(out), client=client)
+    b2 = tmp_path / "b2.zarr"
+    b2.mkdir()
+    shutil.copy(Path(b_url) / "zarr.json", b2 / "zarr.json")
+    (b2 / "c").symlink_to(out / "c")
+    before = snapshot(out)
+    with pytest.raises(UnsafeOutputError, match="reach the same"):
+        multiply(a_url, str(b2), f"local://{out}", client=client, overwrite=True)
+    assert snapshot(out) == before
+    with pytest.raises(PipelineError, match="chained|unknown protocol"):
+        multiply(a_url, b_url, f"simplecache::file://{tmp_path}/x.zarr", client=client)
+
+
+def test_a_fifo_in_a_folder_above_out_is_not_waited_on(tmp_path: Path) -> None:
+    from pipeline.store.groups import output_format
+
+    (tmp_path / "g").mkdir()
+    os.mkfifo(tmp_path / "g" / "zarr.json")
+    started = time.monotonic()
+    assert output_format(str(tmp_path / "g" / "out"), {}) == 3
+    assert time.monotonic() - started < 5
+
+
+def test_a_deep_tree_in_out_is_a_refusal_not_a_crash(
+    tmp_path: Path, client: Client, inputs: tuple
+) -> None:
+    a_url, b_url, _, _ = inputs
+    out = tmp_path / "out.zarr"
+    multiply(a_url, b_url, str(out), client=client)
+    deep = out / "c"
+    for _ in range(40):  # past the walk's depth limit (a deeper tree: the same)
+        deep = deep / "d"
+        deep.mkdir()
+    with pytest.raises(UnsafeOutputError, match="did not write"):
+        multiply(a_url, b_url, str(out), client=client, overwrite=True)
+
+
+def test_a_link_to_the_root_in_an_input_is_not_walked(tmp_path: Path) -> None:
+    from pipeline.store.reach import reach
+
+    array = tmp_path / "a.zarr"
+    (array / "c" / "0").mkdir(parents=True)
+    (array / "c" / "0" / "0").write_bytes(b"x")
+    (array / "x").symlink_to("/")
+    started = time.monotonic()
+    found = reach(str(array))
+    assert time.monotonic() - started < 2 and set(found.files) == {"c/0/0"}
