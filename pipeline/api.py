@@ -103,14 +103,10 @@ def prepare(
         verify=verify,
         layout=layout,
     )
-    for flag, on in (
-        ("--overwrite", overwrite),
-        ("--resume", resume),
-        ("--accumulate", accumulate),
-    ):
-        if on and isinstance(out, str | os.PathLike):
-            refuse_linked(os.fspath(out), "C" if accumulate else "OUT", flag)
-    urls, storage = _locate((a, b, out), storage_options)
+    urls, storage = _locate((a, b, out), storage_options)  # an overlap first: it says more
+    changes = {"--overwrite": overwrite, "--resume": resume, "--accumulate": accumulate}
+    for flag in (f for f, on in changes.items() if on and isinstance(out, str | os.PathLike)):
+        refuse_linked(os.fspath(out), "C" if accumulate else "OUT", flag)
     options = JobOptions(
         backend=backend,
         memory_limit_bytes=_bytes(memory_limit),

@@ -145,11 +145,6 @@ def check_shared(url: str, name: str) -> None:
 def check_writable(url: str) -> None:
     """Refuse an OUT that can't take concurrent writers (an archive) or can't be written."""
     check_shared(url, "OUT")
-    if "::" in url:
-        raise UsageError(
-            f"OUT ({url}) is a chained URL; OUT is written directly: give its path or its "
-            "store's own URL (e.g. s3://bucket/c.zarr)"
-        )
     protocol, _ = fsspec.core.split_protocol(url)
     archive = protocol in ("zip", "tar") or url.rstrip("/").lower().endswith((".zip", ".tar"))
     if archive:
@@ -157,6 +152,11 @@ def check_writable(url: str) -> None:
             f"OUT ({url}) is an archive, which can't take concurrent writers (every tile task "
             "writes its own chunks at once); write OUT to a directory or an object store, "
             "then archive it if you need to (e.g. `cd c.zarr && zip -r0 ../c.zip .`)"
+        )
+    if "::" in url:
+        raise UsageError(
+            f"OUT ({url}) is a chained URL; OUT is written directly: give its path or its "
+            "store's own URL (e.g. s3://bucket/c.zarr)"
         )
     if protocol in NOT_WRITABLE:
         raise UsageError(
