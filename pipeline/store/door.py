@@ -308,26 +308,7 @@ class Door:
     def read(self, name: str, limit: int = SMALL_READ_BYTES) -> bytes | None:
         """The file ``name`` (None: not there), refused when it is not a regular file or holds
         more than ``limit`` bytes."""
-        head, base = _split(name)
-        try:
-            with self.folder(head) as parent:
-                try:
-                    fd = os.open(base, READ_FLAGS, dir_fd=parent)
-                except OSError as e:
-                    if e.errno in (errno.ELOOP, errno.EISDIR, errno.ENXIO):
-                        raise self._refuse(name, "is a link, a folder or a special file") from e
-                    raise
-        except FileNotFoundError:
-            return None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise self._refuse(name, f"is {_kind_words(st.st_mode)}, not a file")
-            if st.st_size > limit:
-                raise self._refuse(name, f"holds {st.st_size:,} bytes, more than {limit:,}")
-            return os.pread(fd, limit + 1, 0)[:limit]
-        finally:
-            os.close(fd)
+        return self.read_range(name, 0, None, limit)
 
     def read_head(self, name: str, nbytes: int) -> bytes | None:
         """The first ``nbytes`` of the regular file ``name`` (None: not there)."""
