@@ -96,10 +96,6 @@ def start(
 
 def _begin(out: Output, plan: MatmulPlan, fp: str, now: dict[str, Listing]) -> None:
     side = sidecar(out)
-    local = local_path(out.url)
-    if local is not None:
-        with Door(local, "C").folder(SIDECAR, create=True):
-            pass
     side.save_input_listings(now)  # before the state: a started accumulation always has one
     for name in METADATA:  # C's own: its moved objects decode there as they did in C
         document = read_small(out.url, name, out.storage_options)

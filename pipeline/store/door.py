@@ -45,10 +45,11 @@ def pin(root: str, identity: tuple[int, int] | None) -> None:
         _pinned[root] = identity
 
 
-def _pinned_base(root: str) -> str | None:
-    """The pinned folder at or above ``root``, the nearest one."""
-    found = [p for p in _pinned if root == p or root.startswith(p.rstrip("/") + "/")]
-    return max(found, key=len) if found else None
+def _pinned_base(root: str) -> tuple[str, tuple[int, int]] | None:
+    """The pinned folder at or above ``root``, the nearest one, and its identity (from one
+    snapshot: other threads of a worker pin as they start their tasks)."""
+    found = [(p, i) for p, i in tuple(_pinned.items()) if root == p or root.startswith(p + "/")]
+    return max(found, key=lambda pair: len(pair[0])) if found else None
 
 
 def partial_name(name: str) -> str:
@@ -94,17 +95,18 @@ class Door:
     def _open_root(self) -> int:
         """The root's descriptor: walked from the folder a job pinned when it holds one above
         (or at) the root, so a folder swapped in at that path meanwhile is refused."""
-        base = _pinned_base(self.root)
+        pinned = _pinned_base(self.root)
+        base = self.root if pinned is None else pinned[0]
         try:
-            fd = os.open(base or self.root, DIR_FLAGS)
+            fd = os.open(base, DIR_FLAGS)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise self._refuse("", "is a symbolic link or not a folder") from e
             raise
-        if base is None:
+        if pinned is None:
             return fd
         st = os.fstat(fd)
-        if (st.st_dev, st.st_ino) != _pinned[base]:
+        if (st.st_dev, st.st_ino) != pinned[1]:
             os.close(fd)
             raise self._refuse("", f"is not the folder the job locked ({base} was replaced)")
         for part in _parts(self.root[len(base) :], self.root):
@@ -298,10 +300,21 @@ class Door:
         entries = [e for e in self.walk(relpath) if e.kind != "dir"]
         for entry in entries:
             self.remove(entry.path)
-        folders = sorted({e.path for e in self.walk(relpath) if e.kind == "dir"}, reverse=True)
-        for folder in [*folders, relpath]:
-            self.rmdir(folder)
+        self.remove_empty_below(relpath)
+        self.rmdir(relpath)
         return len(entries)
+
+    def remove_empty_below(self, relpath: str = "") -> None:
+        """Remove the empty folders under ``relpath``, deepest first (one emptied by its
+        children goes too; one holding anything stays)."""
+        folders = [e.path for e in self.walk(relpath) if e.kind == "dir"]
+        for folder in sorted(folders, key=len, reverse=True):
+            self.rmdir(folder)
+
+    def make_folder(self, relpath: str) -> None:
+        """Create the folder ``relpath`` (and the missing ones above it inside the root)."""
+        with self.folder(relpath, create=True):
+            pass
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -343,24 +356,26 @@ class Door:
         finally:
             os.close(fd)
 
-    def exists(self, name: str) -> bool:
-        """Anything (a link included) at ``name``."""
+    def lstat(self, name: str) -> os.stat_result | None:
+        """``name``'s own status (a link's, not its target's); None when nothing is there. A
+        link or a file on the way is refused (UnsafeOutputError), never taken for "none"."""
         head, base = _split(name)
         try:
             with self.folder(head) as parent:
-                os.stat(base, dir_fd=parent, follow_symlinks=False)
+                return os.stat(base, dir_fd=parent, follow_symlinks=False)
         except FileNotFoundError:
-            return False
-        return True  # a link or a file on the way is refused (UnsafeOutputError), not "no"
+            return None
+
+    def exists(self, name: str) -> bool:
+        """Anything (a link included) at ``name``."""
+        return self.lstat(name) is not None
 
     def same_file(self, one: str, other: str) -> bool:
         """``one`` and ``other`` are one regular file (two names of one inode)."""
-        found = []
-        for name in (one, other):
-            head, base = _split(name)
-            with self.folder(head) as parent:
-                found.append(os.stat(base, dir_fd=parent, follow_symlinks=False))
-        return stat.S_ISREG(found[0].st_mode) and os.path.samestat(found[0], found[1])
+        first, second = self.lstat(one), self.lstat(other)
+        if first is None or second is None:
+            raise FileNotFoundError(one if first is None else other)
+        return stat.S_ISREG(first.st_mode) and os.path.samestat(first, second)
 
     def walk(self, relpath: str = "") -> Iterator[Entry]:
         """Everything under ``relpath``, links and special files reported, never followed."""
@@ -386,7 +401,7 @@ def _walk(fd: int, prefix: str, depth: int = 0) -> Iterator[Entry]:
             continue
         try:
             child = os.open(item.name, DIR_FLAGS, dir_fd=fd)
-        except (FileNotFoundError, NotADirectoryError, OSError):
+        except OSError:
             continue  # removed or swapped as we looked: the next step that needs it refuses
         try:
             if os.path.samestat(st, os.fstat(child)):  # nothing swapped in between

@@ -9,7 +9,7 @@ from typing import Any
 import fsspec
 
 from pipeline.errors import UnsafeOutputError, UsageError
-from pipeline.store.door import SMALL_READ_BYTES, Door, create_folder
+from pipeline.store.door import SMALL_READ_BYTES, Door
 
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
@@ -26,8 +26,8 @@ def write_bytes(url: str, relpath: str, data: bytes, storage_options: dict[str, 
     a local folder through its door (no link followed), an object store with one put."""
     local = local_path(url)
     if local is not None:
-        if not os.path.lexists(local):  # a sidecar's folder (OUT's own exists: claimed)
-            create_folder(local)
+        if not os.path.lexists(local):  # a sidecar's folder, made inside OUT's own door
+            Door(os.path.dirname(local)).make_folder(os.path.basename(local))
         Door(local).write(relpath, data)
         return
     fs, path = url_to_fs(url, storage_options)

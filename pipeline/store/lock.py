@@ -272,12 +272,8 @@ def _lock_path(url: str, storage_options: dict[str, Any] | None) -> str:
 
 def _same_file(fd: int, url: str) -> bool:
     """``fd`` is still OUT's lock file (not removed, nor replaced by another or a link)."""
-    try:
-        with Door(url).folder() as folder:
-            st = os.stat(LOCK_NAME, dir_fd=folder, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return os.path.samestat(st, os.fstat(fd))
+    st = Door(url).lstat(LOCK_NAME)
+    return st is not None and os.path.samestat(st, os.fstat(fd))
 
 
 def _named_holder(fd: int) -> dict[str, Any]:

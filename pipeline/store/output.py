@@ -182,11 +182,9 @@ class Output:
     def _check_nothing_foreign(self, flag: str) -> None:
         _, foreign = owned.entries(self.url, self.storage_options)
         if foreign:
-            shown = ", ".join(foreign[:3]) + (
-                f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-            )
             raise UnsafeOutputError(
-                f"OUT ({self.url}) holds {len(foreign)} file(s) this tool did not write ({shown}); "
+                f"OUT ({self.url}) holds {len(foreign)} file(s) this tool did not write "
+                f"({owned.describe(foreign)}); "
                 f"{flag} writes only into our own array: move them out or choose another OUT"
             )
 
@@ -321,11 +319,11 @@ class Output:
     def _open(self, mode: str) -> Any:
         return open_output(self.url, self.storage_options, mode)
 
-    def store(self, read_only: bool = False) -> tuple[Any, dict[str, Any]]:
-        """OUT for zarr, and the options to pass: a local OUT is a store that writes only
-        through OUT's door; an object store is its URL."""
+    def store(self) -> tuple[Any, dict[str, Any]]:
+        """OUT for zarr to create, and the options to pass: a local OUT is a store that writes
+        only through OUT's door; an object store is its URL."""
         if local_path(self.url) is not None:
-            return OutStore(self.url, read_only=read_only), {}
+            return OutStore(self.url), {}
         return self.url, {"storage_options": fsspec_options(self.url, self.storage_options)}
 
 

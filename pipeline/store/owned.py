@@ -19,12 +19,14 @@ from typing import Any
 
 from pipeline.errors import InputError
 from pipeline.store.door import Door
-from pipeline.store.fs import local_path, url_to_fs
+from pipeline.store.fs import local_path, read_json, url_to_fs
 from pipeline.store.lock import LOCK_NAME
 from pipeline.store.signature import LISTING_NAME
 
 ATTRS_KEY = "tilegemm"
 """Attribute namespace this tool writes into OUT; its presence marks OUT as ours."""
+METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs")
+"""An array's metadata documents, Zarr v3 and v2."""
 SIDECAR = ".tilegemm-accumulate"
 """An accumulation's folder inside C."""
 PARTIAL = re.compile(r"(?P<name>.+)\.[0-9a-f]{32}\.partial")
@@ -198,8 +200,6 @@ def listing(url: str, storage_options: dict[str, Any]) -> Found:
 
 def read_record(url: str, storage_options: dict[str, Any], found: Found) -> Record | None:
     """OUT's record from its metadata document, or None (no document, or not an array's)."""
-    from pipeline.store.fs import read_json
-
     try:
         if "zarr.json" in found.files:
             return record(read_json(url, "zarr.json", storage_options) or {})
@@ -229,9 +229,7 @@ def _before_any_record(path: str) -> bool:
     """What a job killed before its array's metadata was in place leaves: its lock, and the
     temporary file of that metadata document (renamed into place once written)."""
     partial = PARTIAL.fullmatch(path)
-    return path == LOCK_NAME or (
-        partial is not None and partial.group("name") in ("zarr.json", ".zarray", ".zattrs")
-    )
+    return path == LOCK_NAME or (partial is not None and partial.group("name") in METADATA_NAMES)
 
 
 def entries(url: str, storage_options: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -257,14 +255,8 @@ def remove_ours(url: str, storage_options: dict[str, Any], keep: tuple[str, ...]
     door = Door(local)
     for name in doomed:
         door.remove(name)
-    remove_empty_folders(door)
+    door.remove_empty_below()
     return len(doomed)
-
-
-def remove_empty_folders(door: Door) -> None:
-    folders = sorted((e.path for e in door.walk() if e.kind == "dir"), key=len, reverse=True)
-    for folder in folders:
-        door.rmdir(folder)
 
 
 def remove_partials(url: str | None) -> int:
@@ -278,14 +270,8 @@ def remove_partials(url: str | None) -> int:
     return sum(door.remove(n) for n in ours if PARTIAL.fullmatch(n))
 
 
-def only_lock(url: str, storage_options: dict[str, Any]) -> bool:
-    """OUT holds nothing but (at most) a lock: a new OUT, or an empty folder."""
-    ours, foreign = entries(url, storage_options)
-    return not foreign and all(n == LOCK_NAME for n in ours)
-
-
 def _metadata_last(name: str) -> tuple[bool, str]:
-    return (name in ("zarr.json", ".zarray", ".zattrs"), name)
+    return (name in METADATA_NAMES, name)
 
 
 def describe(names: Iterable[str]) -> str:
