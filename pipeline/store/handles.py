@@ -15,14 +15,10 @@ from pipeline.store.fs import fsspec_options
 
 @functools.lru_cache(maxsize=32)
 def _open(url: str, options_json: str, mode: str, token: str) -> Any:
-    options = fsspec_options(url, json.loads(options_json))
+    options = json.loads(options_json)
     if mode == "r":  # local files read within bounds (pipeline.store.input_store)
-        return open_input_array(url, options)
-    if "://" not in url and not options:  # a local OUT: written through its door
-        store = OutStore(url)
-        array = store.bound(zarr.open_array(store=store, mode=mode))
-    else:
-        array = zarr.open_array(url, mode=mode, storage_options=options)
+        return open_input_array(url, fsspec_options(url, options))
+    array = open_output(url, options, mode)  # a local OUT: through its door
     # Every chunk we compute is stored, even one equal to the fill value: zarr would otherwise
     # compare each with it first (isnan and equal over the whole chunk for a NaN fill: ~0.2
     # CPU-s of an 8192² job) and delete the stored chunk of a result that happens to be NaN.
