@@ -62,7 +62,7 @@ bench: venv
 
 # The dry run's seconds against the clock on 7 fixed cases (2048², 1024², 256² and 64² chunks,
 # tall-skinny, short-fat, prime chunkings); ~15 minutes on 2 cores. `make calibrate` first
-# on a new machine: it rewrites pipeline/plan/calibration.py.
+# on a new machine: it rewrites pipeline/plan/fitted_costs.py.
 bench-model: venv
 	$(PY) -m benchmarks.model_check --repeats 3 --data $(FEED_DATA)/model
 

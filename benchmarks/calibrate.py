@@ -1,6 +1,6 @@
 """Fit the cost model's constants on this machine and write them where the planner reads them.
 
-    python -m benchmarks.calibrate [--repeats 5] [--out pipeline/plan/calibration.py]
+    python -m benchmarks.calibrate [--repeats 5] [--out pipeline/plan/fitted_costs.py]
 
 For input chunks of 64² to 2048² float32 (zstd, the inputs' usual codec) it times, on one
 thread, fetching every stored chunk of a 2048² array (page cache warm: a job's second read) and
@@ -39,13 +39,13 @@ import zarr
 from threadpoolctl import threadpool_limits
 
 from benchmarks import byte_compile
+from pipeline.facts.host import best_cpu_seconds as best_seconds
+from pipeline.facts.host import best_figures, gemm_rate, measure
 from pipeline.generate import write_random
-from pipeline.host_probe import best_cpu_seconds as best_seconds
-from pipeline.host_probe import best_figures, gemm_rate, measure
 from pipeline.plan.costs import ChunkCost, CostModel, HostProbe
 from pipeline.plan.model import grouped
-from pipeline.store import chunk_read
-from pipeline.store.chunk_sizes import decode_exact
+from pipeline.store.chunks import unsharded as chunk_read
+from pipeline.store.chunks.sizes import decode_exact
 from pipeline.store.inputs import open_input
 from pipeline.store.output import output_compressors
 
@@ -180,7 +180,8 @@ def task_and_setup_seconds(root: Path, repeats: int) -> tuple[float, float]:
 def tile_task_seconds(a: str, b: str, root: Path, repeats: int) -> float:
     """One tile task of a 64x64 product run in this process: what a task costs besides its
     work (opening the stores, its reading and writing threads, the journal)."""
-    from pipeline.plan import StoreSpec, plan_matmul
+    from pipeline.plan.search import plan_matmul
+    from pipeline.plan.spec import StoreSpec
     from pipeline.run.spec import TaskSpec
     from pipeline.run.worker import tile_product_write
     from pipeline.store.inputs import array_spec
@@ -355,7 +356,7 @@ def steady_probe(calls: int = 3) -> HostProbe:
 
 
 def probe_lines(probe: HostProbe | None) -> list[str]:
-    """The calibration host's quick figures (pipeline.host_probe), which scale the model to
+    """The calibration host's quick figures (pipeline.facts.host), which scale the model to
     other hosts."""
     if probe is None:
         return []
@@ -381,7 +382,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument(
-        "--out", default=str(Path(__file__).parents[1] / "pipeline/plan/calibration.py")
+        "--out", default=str(Path(__file__).parents[1] / "pipeline/plan/fitted_costs.py")
     )
     args = parser.parse_args()
     # The jobs below plan with the constants being fitted, not this host's scaled model.

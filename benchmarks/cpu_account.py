@@ -29,7 +29,7 @@ from typing import Any
 
 from benchmarks.cpu_peers import make_inputs
 from pipeline.cputime import ROWS
-from pipeline.host_probe import cpu_name
+from pipeline.facts.host import cpu_name
 
 RESULTS = Path(__file__).parent / "results"
 BLAS_SCRIPT = """

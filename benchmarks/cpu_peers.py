@@ -28,7 +28,7 @@ from typing import Any
 
 import psutil
 
-from pipeline.host_probe import cpu_name
+from pipeline.facts.host import cpu_name
 
 RESULTS = Path(__file__).parent / "results"
 TOOLS = ("pipeline", "dask-threads", "dask-distributed", "numpy")

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.cpu_peers import RESULTS, run_sampled
-from pipeline.host_probe import cpu_name
+from pipeline.facts.host import cpu_name
 
 DASK = """
 import sys, time, json

@@ -174,7 +174,8 @@ def timed_job(
     a local cluster, OUT in a temporary folder unless given; ``before(client)`` runs first."""
     from distributed import get_task_stream
 
-    from cluster import ClusterSpec, start
+    from cluster.lifecycle import start
+    from cluster.spec import ClusterSpec
     from pipeline import prepare
 
     scratch = None if out else tempfile.mkdtemp(prefix="gpu-feed-")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline.cli import Parser, positive_int
+from pipeline.cli.main import Parser, positive_int
 
 RESULTS = Path(__file__).parent / "results"
 CUBLAS = "cublas"

@@ -4,7 +4,7 @@
 
 Each case's inputs are written once (zstd, float32, seeded) under ``--data``; sharded-64's in
 1024² shards of 64² chunks. The model is the
-dry run's text (``--dry-run``: the constants of pipeline/plan/calibration.py); each run is
+dry run's text (``--dry-run``: the constants of pipeline/plan/fitted_costs.py); each run is
 the CLI, ``python -m pipeline multiply A B OUT --overwrite``, in a fresh process with its own
 local cluster. Printed per case, medians over the runs: the dry run's estimate (of the whole
 command, the interpreter and the local cluster included), the whole CLI's wall seconds, the

@@ -35,11 +35,11 @@ TARGETS = {
         ["tests/pipeline/test_journal.py", "tests/pipeline/test_band_resume.py"],
     ),
     "verify": (
-        "pipeline/run/verify_tasks.py",
+        "pipeline/verify/tasks.py",
         ["tests/pipeline/test_verify.py", "tests/pipeline/test_verify_strength.py"],
     ),
-    "verify-tasks": ("pipeline/run/verify_tasks.py", ["tests/pipeline/test_verify_unit.py"]),
-    "verify-client": ("pipeline/verify.py", ["tests/pipeline/test_verify_unit.py"]),
+    "verify-tasks": ("pipeline/verify/tasks.py", ["tests/pipeline/test_verify_unit.py"]),
+    "verify-client": ("pipeline/verify/check.py", ["tests/pipeline/test_verify_unit.py"]),
     "planner": (
         "pipeline/plan/search.py",
         ["tests/pipeline/test_plan.py", "tests/pipeline/test_plan_unit.py"],

@@ -25,7 +25,7 @@ hand (tests/pipeline/test_docs.py fails when this file and the parsers differ). 
 
 
 def render() -> str:
-    from pipeline.cli import build_parser
+    from pipeline.cli.main import build_parser
 
     parser = build_parser()
     parts = [HEADER, _section(parser, "python -m pipeline", parser.description or "")]

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from numpy.typing import NDArray
 
-from kernels.constants import CPU_GEMM_BLOCK as CPU_GEMM_BLOCK  # re-exported: the registry's face
+from kernels.constants import CPU_GEMM_BLOCK
 from kernels.constants import GPU_DTYPES as GPU_DTYPES
 
 PRECISIONS = ("fp32", "tf32", "3xtf32")

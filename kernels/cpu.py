@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.memory.zeroed import zeros
 from kernels.panels import band_rows
-from kernels.zeroed import zeros
 
 ROW_MAJOR, NO_TRANS, TRANS, UPPER = 101, 111, 112, 121
 _SYMBOLS = {

@@ -15,11 +15,11 @@ _EXPORTS = {
     "MatmulJob": "pipeline.job",
     "MultiplyResult": "pipeline.job",
     "PipelineError": "pipeline.errors",
-    "VerifyResult": "pipeline.verify",
-    "gram": "pipeline.gramian",
+    "VerifyResult": "pipeline.verify.check",
+    "gram": "pipeline.gram",
     "multiply": "pipeline.api",
     "prepare": "pipeline.api",
-    "verify_product": "pipeline.verify",
+    "verify_product": "pipeline.verify.check",
 }
 __all__ = sorted(_EXPORTS)
 

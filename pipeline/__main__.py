@@ -8,7 +8,7 @@ resource tracker removes with a warning of its own on our stderr: nothing for th
 
 if __name__ == "__main__":
     try:
-        from pipeline.cli import main
+        from pipeline.cli.main import main
     except KeyboardInterrupt:
         sys.stderr.write("error: interrupted while starting; nothing was done\n")
         os._exit(1)

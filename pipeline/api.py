@@ -17,24 +17,26 @@ import zarr
 from distributed import Client
 from numpy.typing import DTypeLike
 
-from cluster import ClusterSpec
 from cluster.scratch_dirs import check_scratch_dirs
+from cluster.spec import ClusterSpec
 from kernels.backends import AUTO, CHOICES, PRECISIONS, get_backend, staged_backends
-from pipeline import accumulation, settings
+from pipeline import settings
+from pipeline.accumulate import flags as accumulation
 from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.facts.job_plan import check_job_precision, plan_for, planning_backend
 from pipeline.job import MatmulJob
 from pipeline.options import JobOptions, MultiplyResult
-from pipeline.plan import OutputSpec, StoreSpec, parse_pair, parse_size
 from pipeline.plan.dtypes import parse_dtype
-from pipeline.plan.layout import dimension_names
+from pipeline.plan.layout import dimension_names, parse_pair
 from pipeline.plan.operands import check_gram, operands
-from pipeline.planning import check_job_precision, plan_for, planning_backend
+from pipeline.plan.spec import OutputSpec, StoreSpec
+from pipeline.plan.units import parse_size
 from pipeline.store import inputs
+from pipeline.store.chunks.raw import device_decodable
 from pipeline.store.fs import absolute, check_protocol, refuse_linked, resolve_url
 from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
 from pipeline.store.owned import check_finished
-from pipeline.store.raw_chunks import device_decodable
 from pipeline.store.report_file import check_report
 from pipeline.store.signature import key_encoding, metadata_digest
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeline.redaction import redact_url
+from pipeline.sensitive.text import redact_url
 
 
 class PipelineError(Exception):

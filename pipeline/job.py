@@ -19,13 +19,16 @@ from distributed import Client
 
 from kernels.backends import get_backend
 from pipeline import settings
+from pipeline.accumulate import state as accumulate
 from pipeline.errors import JobError, UsageError
+from pipeline.facts.devices import calibrated_device, emulated_params
+from pipeline.facts.job_plan import check_job_precision, fingerprint, plan_for, planning_backend
 from pipeline.options import JobOptions, MultiplyResult
-from pipeline.plan import ArraySpec, MatmulPlan, StoreSpec, operands
-from pipeline.plan.gpu import staging_bytes
+from pipeline.plan import operands
+from pipeline.plan.gpu_candidate import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
-from pipeline.planning import check_job_precision, fingerprint, plan_for, planning_backend
-from pipeline.report import add_to_report, format_plan, report_context
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.spec import ArraySpec, StoreSpec
 from pipeline.run.client import (
     check_gpu_decode,
     check_tensor_simulator,
@@ -37,14 +40,14 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
-from pipeline.run.devices import calibrated_device, emulated_params
 from pipeline.run.spec import TaskSpec
-from pipeline.sensitive import warn_if_exposed
-from pipeline.store import accumulate, inputs, journal, owned, resume
+from pipeline.sensitive.values import warn_if_exposed
+from pipeline.store import inputs, journal, owned, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
 from pipeline.store.signature import Listing, metadata_digest
+from pipeline.summary import add_to_report, format_plan, report_context
 
 log = logging.getLogger("pipeline")
 __all__ = [
@@ -272,7 +275,7 @@ class MatmulJob:
     def _finish_accumulation(self, client: Client) -> bool:
         """Verify α·A·B + β·C_old against C while the originals are still kept; on a failure
         they stay (C's way back), and the accumulation stays unfinished."""
-        from pipeline.verify import verify_product
+        from pipeline.verify.check import verify_product
 
         store, opts = self.store, self.options
         original = f"{accumulate.sidecar(self.output).url}/{accumulate.ORIGINAL}"
@@ -291,7 +294,7 @@ class MatmulJob:
         return result.passed
 
     def _verify(self, client: Client, fp: str) -> bool:
-        from pipeline.verify import verify_product
+        from pipeline.verify.check import verify_product
 
         store = self.store
         result = verify_product(
@@ -307,7 +310,7 @@ def _connect(client: Client | None, options: JobOptions) -> Iterator[Client]:
     if client is not None:
         yield client
         return
-    from cluster import start
+    from cluster.lifecycle import start
 
     with start(options.cluster, options.memory_limit_bytes) as c:
         yield c

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cluster import ClusterSpec
-from pipeline.plan import MatmulPlan, OutputSpec
-from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+from cluster.spec import ClusterSpec
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.spec import OutputSpec
+from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 
 
 @dataclass(frozen=True)

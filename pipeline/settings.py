@@ -18,7 +18,7 @@ import dask
 
 from kernels.device.emulated import DECODE_GBPS
 from pipeline.errors import UsageError
-from pipeline.plan.device import DEVICE_CLASSES
+from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.limits import MAX_TASKS
 from pipeline.plan.units import parse_size
 

@@ -45,7 +45,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _real_gpu() -> bool:
-    from cluster import count_gpus
+    from cluster.lifecycle import count_gpus
 
     return os.environ.get("NUMBA_ENABLE_CUDASIM") != "1" and count_gpus() > 0
 

@@ -154,7 +154,8 @@ def cpu_tile_task(
     """(plan, TaskSpec) to run tile tasks directly, OUT created: the CPU backend on one worker
     with ``threads`` threads and 2 GiB, as ``multiply`` would plan and specify it."""
     from pipeline.job import fingerprint
-    from pipeline.plan import StoreSpec, plan_matmul
+    from pipeline.plan.search import plan_matmul
+    from pipeline.plan.spec import StoreSpec
     from pipeline.run.spec import TaskSpec
     from pipeline.store.inputs import array_spec, open_input
     from pipeline.store.output import Output

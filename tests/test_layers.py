@@ -16,7 +16,7 @@ HEAVY = ("dask", "distributed", "zarr", "numba", "fsspec", "cupy")
 @pytest.mark.parametrize(
     "modules",
     [
-        "pipeline.plan",  # the planner and its specs
+        "pipeline.plan.search, pipeline.plan.matmul",  # the planner and its plan
         "pipeline.plan.memory",  # the memory model
         "pipeline.plan.units, pipeline.errors",  # sizes and errors
         "kernels.cuda.launch, kernels.panels",  # launch math, panel checks
@@ -25,7 +25,6 @@ HEAVY = ("dask", "distributed", "zarr", "numba", "fsspec", "cupy")
         "kernels.backends",  # the registry: names, dtypes, rules
         "cluster.spec",  # cluster options, pure
         "pipeline",  # the package's face is lazy
-        "kernels, cluster",
     ],
 )
 def test_pure_modules_load_no_heavy_library(modules: str) -> None:
@@ -40,9 +39,8 @@ def test_pure_modules_load_no_heavy_library(modules: str) -> None:
 
 def test_lazy_faces_still_give_their_names() -> None:
     code = (
-        "import pipeline, kernels, cluster; "
+        "import pipeline; "
         "assert callable(pipeline.multiply) and callable(pipeline.prepare); "
-        "assert callable(cluster.start) and callable(kernels.make_accumulator); "
-        "assert 'cpu' in kernels.BACKENDS"
+        "assert callable(pipeline.gram) and callable(pipeline.verify_product)"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

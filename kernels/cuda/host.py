@@ -17,8 +17,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.constants import MAX_DIM
-from kernels.cuda import blocked, tf32, tiled
+from kernels.cuda import tiled
+from kernels.cuda.blocked import kernel as blocked
 from kernels.cuda.launch import LaunchConfig, tiled_launch
+from kernels.cuda.tensor import kernel as tf32
 from kernels.cuda.toolkit import check_link
 from kernels.panels import band_rows, check_panels
 

@@ -78,12 +78,12 @@ class PanelDecoder:
     ``Codec`` (thread-local by nvCOMP's rules; an engine runs in one thread), a device buffer
     for the compressed frames and one for the decoded chunks (grown, never shrunk), and the
     decompression configs, built from the sizes the host already knows (every chunk decodes
-    to exactly its shape's bytes: pipeline.store.raw_chunks checks each frame's declared
+    to exactly its shape's bytes: pipeline.store.chunks.raw checks each frame's declared
     size before staging it). So a panel's decode is queued like a copy: no host wait.
 
     nvCOMP chunking: one zarr chunk is one zstd frame is one nvCOMP chunk -- a frame cannot
     be split without decoding it. nvCOMP decodes a frame with one thread block, so a panel's
-    decode runs as wide as its frame count (pipeline.plan.device.device_decode_rate).
+    decode runs as wide as its frame count (pipeline.plan.device_model.device_decode_rate).
     """
 
     def __init__(self, stream: Any) -> None:

@@ -27,9 +27,9 @@ import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
 from kernels.constants import device_decode_rate
-from kernels.device.buffers import Allocator, lazy_host_allocator
 from kernels.device.decode import CompressedPanel
 from kernels.device.interface import Stream
+from kernels.memory.allocators import Allocator, lazy_host_allocator
 from kernels.panels import band_rows, check_panels
 
 ENGINES = ("compute", "h2d", "d2h")

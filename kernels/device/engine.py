@@ -24,9 +24,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from kernels.device.buffers import ArraySpec, BufferPool, Lease
 from kernels.device.decode import CompressedPanel
 from kernels.device.interface import Decoder, Device, Event, Stream
+from kernels.memory.buffers import ArraySpec, BufferPool, Lease
 
 Fill = Callable[[NDArray[Any]], int | None | CompressedPanel]
 """Writes a decoded panel into the given host array; returns the bytes it decoded (None: the

@@ -30,8 +30,8 @@ def store_path(name: str = FILE_NAME) -> Path:
 
 def kernel_source_hash() -> str:
     """Hash of the generated default kernels' source: a new kernel makes old figures stale."""
-    from kernels.cuda.blocked import generate_source
-    from kernels.cuda.blocked_spec import F32_SPEC, F64_SPEC
+    from kernels.cuda.blocked.kernel import generate_source
+    from kernels.cuda.blocked.spec import F32_SPEC, F64_SPEC
 
     text = "".join(generate_source(spec) for spec in (F32_SPEC, F64_SPEC))
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from kernels.device.allocators import Allocator, pinned_allocator
 from kernels.device.decode import PanelDecoder
 from kernels.device.interface import DeviceArray, Event, Stream
+from kernels.memory.allocators import Allocator, pinned_allocator
 from kernels.panels import band_rows, check_panels
 
 

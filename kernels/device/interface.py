@@ -3,7 +3,7 @@
 It is CUDA's own model, cut to what a K loop needs: streams run their operations in order,
 events recorded on one stream order work on another, copies and kernels are asynchronous to
 the host. ``kernels.device.gpu`` implements it with Numba CUDA, ``kernels.device.emulated``
-with modelled time instead of math; ``kernels.device.calibrate`` measures the rates of any
+with modelled time instead of math; ``kernels.device.rates`` measures the rates of any
 implementation. Device arrays support ``dev[r0:r1]`` (a band of whole rows, still contiguous).
 """
 
@@ -14,8 +14,8 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
-from kernels.device.allocators import Allocator
 from kernels.device.decode import CompressedPanel
+from kernels.memory.allocators import Allocator
 
 DeviceArray = Any
 """A device buffer of the implementation (numba DeviceNDArray, emulated placeholder)."""

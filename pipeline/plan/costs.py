@@ -1,7 +1,7 @@
 """The cost model's constants (pure): a fixed cost per chunk and a rate per byte for each
 thing done to a stored chunk -- fetching an input's, decoding it, encoding OUT's, storing it
 -- and the rate of the product. ``benchmarks/calibrate.py`` measures them on a machine and
-writes them, with the machine's name, to ``pipeline/plan/calibration.py``, which the planner
+writes them, with the machine's name, to ``pipeline/plan/fitted_costs.py``, which the planner
 reads. A chunk's fixed cost is what makes 64x64 chunks slow: per byte they cost what big ones
 do, but each also pays a file open, a request, zarr's bookkeeping.
 
@@ -34,7 +34,7 @@ class ChunkCost:
 
 @dataclass(frozen=True)
 class HostProbe:
-    """A host's quick figures (pipeline.host_probe measures them in about 0.7 s): what
+    """A host's quick figures (pipeline.facts.host measures them in about 0.7 s): what
     scales the calibrated costs from the calibration host to another."""
 
     flops_per_second: float

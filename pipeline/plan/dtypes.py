@@ -151,7 +151,7 @@ def check_accumulation(
     """``C ← α·A·B + β·C`` in C's dtype: C must hold the product's kind; an integer C takes
     integral α and β, and α·(the product's worst case) must fit it, as the plain product's
     guard (no data read). C's own values are unknown before they are read: each task checks
-    α·P + β·C_old against C's range before writing (pipeline/run/accumulate.py)."""
+    α·P + β·C_old against C's range before writing (pipeline/accumulate/tasks.py)."""
     _check_kind(a_dtype, b_dtype, c_dtype, into_c=True)
     if np.dtype(c_dtype).kind not in "biu":
         return

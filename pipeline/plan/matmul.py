@@ -11,9 +11,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from pipeline.plan.calibration import COSTS
 from pipeline.plan.costs import CostModel
-from pipeline.plan.device import DeviceModel
+from pipeline.plan.device_model import DeviceModel
+from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.model import Work, chunks_per_pass, grouped, makespan, resource_seconds
 from pipeline.plan.spec import ArraySpec, KPanels, Tile

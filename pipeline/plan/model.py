@@ -1,7 +1,7 @@
 """Modelled seconds of a CPU plan per resource, from counts of chunks, bytes and flops (pure).
 
 Every stored chunk pays a fixed cost and a rate per byte for each thing done to it (fetched,
-decoded; OUT's encoded, written), with the constants of pipeline/plan/calibration.py. On the CPU
+decoded; OUT's encoded, written), with the constants of pipeline/plan/fitted_costs.py. On the CPU
 all of it shares the worker threads: a task's product runs on the worker's shared gemm threads
 while two more read its next panels and one writes its finished bands, so a job takes about
 its thread-seconds
@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipeline.plan.calibration import COSTS
 from pipeline.plan.costs import CostModel
+from pipeline.plan.fitted_costs import COSTS
 
 INPUT = ("read", "decode")
 OUTPUT = ("encode", "write")

@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from kernels.backends import CPU, CPU_GEMM_BLOCK, get_backend
+from kernels.backends import CPU, get_backend
+from kernels.constants import CPU_GEMM_BLOCK
 from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
 from pipeline.plan.costs import CostModel
-from pipeline.plan.device import DeviceModel
-from pipeline.plan.gpu import first_band_rows, fits, with_device
+from pipeline.plan.device_model import DeviceModel
+from pipeline.plan.gpu_candidate import first_band_rows, fits, with_device
 from pipeline.plan.layout import output_spec
 from pipeline.plan.limits import PlanLimits, check_panels, task_limit_message
 from pipeline.plan.matmul import MatmulPlan, ceil_div

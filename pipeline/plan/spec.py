@@ -6,7 +6,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
-from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 
 
 @dataclass(frozen=True)

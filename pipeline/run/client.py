@@ -13,15 +13,7 @@ from typing import Any
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
-from kernels.backends import (
-    AUTO,
-    AUTO_GPU,
-    BACKENDS,
-    CPU,
-    BackendSpec,
-    get_backend,
-    probe_devices,
-)
+from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, BackendSpec, get_backend, probe_devices
 from pipeline.cputime import account
 from pipeline.errors import (
     BackendUnavailableError,
@@ -31,10 +23,10 @@ from pipeline.errors import (
     PipelineError,
     UsageError,
 )
-from pipeline.plan import MatmulPlan
-from pipeline.progress import ProgressLine
+from pipeline.plan.matmul import MatmulPlan
 from pipeline.run import events, worker
 from pipeline.run.faults import restart_faulted
+from pipeline.run.progress import ProgressLine
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.stopping import stop_running
 from pipeline.run.timing import add_phases, process_usage
@@ -270,7 +262,7 @@ def describe_workers(client: Client) -> dict[str, Any]:
 
 def release_panels(client: Client, run_id: str) -> None:
     """Free the job's cached panels on every worker (best effort: a lost worker has none)."""
-    from pipeline.run.panels import release_panels as release
+    from pipeline.run.panel_cache import release_panels as release
 
     try:
         client.run(release, run_id)

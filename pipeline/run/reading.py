@@ -1,6 +1,6 @@
 """Worker side: one input panel, decoded once per worker into a reused buffer.
 
-A panel is decoded straight into a buffer of the worker's host pool (kernels.device.buffers), which
+A panel is decoded straight into a buffer of the worker's host pool (kernels.memory.buffers), which
 comes back to the pool when the last task holding it lets go, so panels reuse memory instead
 of faulting fresh pages in (issue 13). The worker's panel cache shares a decoded panel among
 the tasks that read it and forgets it after its planned readers. On the GPU path the panel
@@ -16,11 +16,11 @@ import numpy as np
 import zarr
 from numpy.typing import NDArray
 
-from kernels.device.allocators import lazy_host_allocator
-from kernels.device.buffers import BufferPool, owned_array, process_pool
+from kernels.memory.allocators import lazy_host_allocator
+from kernels.memory.buffers import BufferPool, owned_array, process_pool
 from pipeline.cputime import LEDGER
 from pipeline.run import events
-from pipeline.run.panels import CACHE
+from pipeline.run.panel_cache import CACHE
 from pipeline.run.timing import PhaseTimes
 from pipeline.store import inputs
 

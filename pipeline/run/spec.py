@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernels.backends import get_backend
-from pipeline.plan import StoreSpec
+from pipeline.plan.spec import StoreSpec
 from pipeline.store.output import Output
 
 
@@ -47,13 +47,13 @@ class TaskSpec:
     """The kernel's arithmetic (kernels.backends.PRECISIONS), already checked for the backend."""
     gpu_decode: bool = False
     """Stage zstd chunks compressed and decode them on the device (--gpu-decode), where the
-    inputs qualify (pipeline.store.raw_chunks)."""
+    inputs qualify (pipeline.store.chunks.raw)."""
     alpha: float = 1.0
     """OUT gets α·A·B (--alpha)."""
     beta: float = 0.0
     """With ``accumulate``: OUT gets α·A·B + β·C_old."""
     accumulate: bool = False
-    """OUT is an existing C updated in place, exactly once per tile (pipeline.run.accumulate);
+    """OUT is an existing C updated in place, exactly once per tile (pipeline.accumulate.tasks);
     the journal lives in C's accumulation folder."""
     out_folder: tuple[int, int] | None = None
     """(st_dev, st_ino) of a local OUT's folder as the job locked it: a task writes only there
@@ -79,7 +79,7 @@ class TaskSpec:
         """Where tiles are journaled: OUT, or an accumulation's folder inside C."""
         if not self.accumulate:
             return self.output
-        from pipeline.store.accumulate import sidecar
+        from pipeline.accumulate.state import sidecar
 
         return sidecar(self.output)
 

@@ -18,18 +18,19 @@ import numpy as np
 from numpy.typing import NDArray
 
 from kernels.backends import get_backend
-from kernels.device.buffers import owned_array, process_pool
 from kernels.device.decode import CompressedPanel
 from kernels.device.engine import Panel, StagedProduct, StagedStats
+from kernels.memory.buffers import owned_array, process_pool
 from pipeline.errors import PipelineError
-from pipeline.plan import Tile, row_bands
-from pipeline.plan.device import STAGED_PANELS
+from pipeline.plan.device_model import STAGED_PANELS
+from pipeline.plan.matmul import row_bands
+from pipeline.plan.spec import Tile
 from pipeline.run.faults import fault_error, is_device_fault
 from pipeline.run.reading import host_pool, open_task, read_panel
 from pipeline.run.spec import TaskSpec
 from pipeline.run.timing import PhaseTimes
 from pipeline.store import inputs
-from pipeline.store.raw_chunks import device_decodable, read_compressed
+from pipeline.store.chunks.raw import device_decodable, read_compressed
 
 Finished = Callable[[tuple[int, int], NDArray[Any]], None]
 

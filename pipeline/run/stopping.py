@@ -11,7 +11,7 @@ from typing import Any
 
 from distributed import Client, Future
 
-from pipeline.progress import ProgressLine
+from pipeline.run.progress import ProgressLine
 
 log = logging.getLogger("pipeline")
 

@@ -13,8 +13,10 @@ from numpy.typing import NDArray
 
 from kernels.backends import make_accumulator
 from kernels.cpu import share_cores
-from pipeline.plan import Tile, row_bands
-from pipeline.run import accumulate, events, staged
+from pipeline.accumulate import tasks as accumulate
+from pipeline.plan.matmul import row_bands
+from pipeline.plan.spec import Tile
+from pipeline.run import events, staged
 from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import PhaseTimes, add_phases

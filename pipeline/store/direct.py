@@ -25,8 +25,8 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zarr.storage import LocalStore
 
 from pipeline.errors import UnsafeOutputError
+from pipeline.store.chunks.input_store import METADATA_BYTES, is_metadata
 from pipeline.store.door import Door
-from pipeline.store.input_store import METADATA_BYTES, is_metadata
 
 DIRECT_MIN_BYTES = 2**20
 """Smaller writes go through the page cache: their copy costs little, a device round trip
@@ -56,7 +56,7 @@ class OutStore(LocalStore):
 
     def bound(self, array: Any) -> Any:
         """``array`` (opened on this store), its stored objects' size now known."""
-        from pipeline.store.bounded import stored_bytes
+        from pipeline.store.chunks.bounded import stored_bytes
 
         self.chunk_bytes = max(stored_bytes(array), METADATA_BYTES)
         return array

@@ -12,9 +12,9 @@ from typing import Any
 
 import zarr
 
+from pipeline.store.chunks.input_store import InputStore
 from pipeline.store.direct import OutStore
 from pipeline.store.fs import fsspec_options, local_path
-from pipeline.store.input_store import InputStore
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from typing import Any
 
 import zarr
 
-from pipeline.store.bounded import open_input_array
+from pipeline.store.chunks.bounded import open_input_array
 from pipeline.store.direct import OutStore
 from pipeline.store.fs import fsspec_options
 
@@ -16,7 +16,7 @@ from pipeline.store.fs import fsspec_options
 @functools.lru_cache(maxsize=32)
 def _open(url: str, options_json: str, mode: str, token: str) -> Any:
     options = json.loads(options_json)
-    if mode == "r":  # local files read within bounds (pipeline.store.input_store)
+    if mode == "r":  # local files read within bounds (pipeline.store.chunks.input_store)
         return open_input_array(url, fsspec_options(url, options))
     array = open_output(url, options, mode)  # a local OUT: through its door
     # Every chunk we compute is stored, even one equal to the fill value: zarr would otherwise

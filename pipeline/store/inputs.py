@@ -26,9 +26,12 @@ from pipeline.errors import (
     storage_problem,
 )
 from pipeline.plan.spec import ArraySpec
-from pipeline.store import chunk_read, shard_read
-from pipeline.store.bounded import bounded, open_input_array, stored_codec
-from pipeline.store.chunk_sizes import check_declared
+from pipeline.store.chunks import sharded as shard_read
+from pipeline.store.chunks import unsharded as chunk_read
+from pipeline.store.chunks.bounded import bounded, open_input_array, stored_codec
+from pipeline.store.chunks.input_store import named
+from pipeline.store.chunks.raw import stored_chunks
+from pipeline.store.chunks.sizes import check_declared
 from pipeline.store.fs import (
     check_protocol,
     check_shared,
@@ -37,8 +40,6 @@ from pipeline.store.fs import (
     url_to_fs,
 )
 from pipeline.store.handles import cached_array
-from pipeline.store.input_store import named
-from pipeline.store.raw_chunks import stored_chunks
 
 
 def open_input(url: str, storage_options: dict[str, Any] | None = None, name: str = "A") -> Any:

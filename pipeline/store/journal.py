@@ -15,8 +15,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from pipeline.errors import UsageError, storage_problem
-from pipeline.plan import MatmulPlan, Tile
-from pipeline.store import chunk_read, mirror
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.spec import Tile
+from pipeline.store import mirror
+from pipeline.store.chunks import unsharded as chunk_read
 from pipeline.store.door import Door
 from pipeline.store.fs import list_json, local_path, url_to_fs
 from pipeline.store.handles import open_output
@@ -159,7 +161,7 @@ def _stored(
     out: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: Any
 ) -> NDArray[Any] | None:
     """OUT's block as written, C-ordered: chunk by chunk past zarr's machinery where
-    pipeline.store.chunk_read covers OUT's layout (4x faster for raw float chunks). None when
+    pipeline.store.chunks.unsharded covers OUT's layout (4x faster for raw float chunks). None when
     a chunk of it cannot be decoded (truncated, overwritten by something else): those rows
     are computed again. A storage that cannot be reached is an error of its own."""
     block = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype)

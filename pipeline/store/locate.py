@@ -14,8 +14,8 @@ import zarr
 from zarr.storage import FsspecStore, LocalStore, MemoryStore, ZipStore
 
 from pipeline.errors import ArgumentTypeError, UsageError
-from pipeline.redaction import is_sensitive
-from pipeline.sensitive import redact
+from pipeline.sensitive.text import is_sensitive
+from pipeline.sensitive.values import redact
 from pipeline.store.fs import normalize_url
 
 ACCEPTED = "a path (str or os.PathLike), an fsspec URL such as s3://bucket/a.zarr, or a zarr.Array"

@@ -29,7 +29,7 @@ from typing import Any
 import psutil
 
 from pipeline.errors import UnsafeOutputError, UsageError
-from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store.door import Door, pin
 from pipeline.store.fs import local_path, read_json, url_to_fs
 

@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from pipeline.plan import Tile, row_bands
+from pipeline.plan.matmul import row_bands
+from pipeline.plan.spec import Tile
 
 Reader = Callable[[tuple[int, int], tuple[int, int]], NDArray[Any] | None]
 """OUT's block ``[rows, cols]`` as written, C-ordered (None: it cannot be read)."""

@@ -21,7 +21,7 @@ from zarr.codecs import BloscCodec
 
 from pipeline import settings
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
-from pipeline.sensitive import SENSITIVE_FIELD, redacted_repr
+from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import door, groups, journal, lock, owned, signature
 from pipeline.store.direct import OutStore
 from pipeline.store.fs import (
@@ -40,7 +40,7 @@ from pipeline.store.owned import ATTRS_KEY
 from pipeline.store.reach import check_apart
 
 if TYPE_CHECKING:
-    from pipeline.plan import MatmulPlan
+    from pipeline.plan.matmul import MatmulPlan
 
 
 @dataclass(frozen=True)

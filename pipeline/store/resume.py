@@ -7,7 +7,8 @@ from __future__ import annotations
 import logging
 
 from pipeline.errors import JobError, UsageError
-from pipeline.plan import MatmulPlan, StoreSpec
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.spec import StoreSpec
 from pipeline.store import journal
 from pipeline.store.output import Output
 from pipeline.store.signature import Listing, changed_chunks, data_listing

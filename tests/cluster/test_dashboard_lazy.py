@@ -11,7 +11,8 @@ from tests.child_env import child_env
 
 SCRIPT = """
 import json, sys, time, urllib.error, urllib.request
-from cluster import ClusterSpec, start
+from cluster.spec import ClusterSpec
+from cluster.lifecycle import start
 
 def get(port, host="127.0.0.1"):
     request = urllib.request.Request(

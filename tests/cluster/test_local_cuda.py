@@ -19,7 +19,7 @@ import pytest
 import zarr
 from distributed import Client, get_task_stream
 
-from cluster import ClusterSpec, local_cluster_options
+from cluster.spec import ClusterSpec, local_cluster_options
 from pipeline import multiply
 from pipeline.errors import InputError
 from tests.helpers import assert_product, random_matrix, write_array
@@ -209,7 +209,8 @@ def test_the_gpu_cluster_we_start_neither_pauses_nor_spills(
     import dask_cuda
     from dask_cuda.utils_test import MockWorker
 
-    from cluster import lifecycle, start
+    from cluster import lifecycle
+    from cluster.lifecycle import start
 
     real = dask_cuda.LocalCUDACluster
     mock = functools.partial(real, CUDA_VISIBLE_DEVICES="0,1", worker_class=MockWorker)

@@ -18,8 +18,9 @@ import psutil
 import pytest
 from distributed import Client, Security
 
-from cluster import ClusterSpec, start
+from cluster.lifecycle import start
 from cluster.security import dashboard_origins
+from cluster.spec import ClusterSpec
 
 GiB = 2**30
 LOOPBACK = {"127.0.0.1", "::1"}

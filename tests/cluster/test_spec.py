@@ -6,8 +6,7 @@ from typing import Any
 
 import pytest
 
-from cluster import ClusterSpec, local_cluster_options
-from cluster.spec import split_dashboard_address
+from cluster.spec import ClusterSpec, local_cluster_options, split_dashboard_address
 from pipeline.errors import UsageError
 
 GiB = 2**30
@@ -154,7 +153,7 @@ def test_a_joined_cluster_takes_any_dashboard_host() -> None:
 def test_the_cli_default_dashboard_is_loopback_8787(command: str) -> None:
     """What a local cluster binds when the user names no --dashboard-address: the CLI's
     default, through the spec, not a literal of the test's own."""
-    from pipeline.cli_parser import build_parser, parse_args
+    from pipeline.cli.parser import build_parser, parse_args
 
     operands = ["x.zarr", "g.zarr"] if command == "gram" else ["a.zarr", "b.zarr", "c.zarr"]
     args = parse_args(build_parser(), [command, *operands])

@@ -14,7 +14,7 @@ import pytest
 import zarr
 from distributed import Client, Security
 
-from cluster import connect
+from cluster.lifecycle import connect
 from cluster.security import CA_KEY, CERT_KEY, KEY_KEY
 from pipeline.errors import ClusterError
 from tests.cluster.processes import QUIET_HTTP, START_TIMEOUT_S, read_address, spawn, stop

@@ -7,7 +7,8 @@ import os
 import dask
 import pytest
 
-from cluster import ClusterSpec, start
+from cluster.lifecycle import start
+from cluster.spec import ClusterSpec
 from cluster.tuning import PROFILER_DEADLOCKS, SETTINGS, keep_freed_memory
 
 

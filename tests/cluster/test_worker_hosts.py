@@ -13,8 +13,8 @@ import dask
 import pytest
 from distributed import Client
 
-from cluster import ClusterSpec, start
-from cluster.lifecycle import local_config
+from cluster.lifecycle import local_config, start
+from cluster.spec import ClusterSpec
 from cluster.worker_hosts import PRELOAD
 
 GiB = 2**30

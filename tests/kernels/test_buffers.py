@@ -11,8 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels.device import buffers
-from kernels.device.buffers import PAGE, BufferPool, host_allocator, numpy_allocator
+from kernels.memory import buffers
+from kernels.memory.allocators import host_allocator, numpy_allocator
+from kernels.memory.buffers import PAGE, BufferPool
 
 ONE_PAGE = ((PAGE // 4,), np.float32)  # a spec of exactly one page
 

@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import cpu, make_accumulator
+from kernels import cpu
+from kernels.backends import make_accumulator
 from kernels.cpu import NO_TRANS, TRANS, CpuAccumulator, blas_layout, cblas_gemm
 from tests.helpers import assert_product
 

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels import make_accumulator, probe_devices
+from kernels.backends import make_accumulator, probe_devices
 from kernels.cuda.cublas import (
     CUPY_INSTALL,
     CublasAccumulator,

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels.cuda import blocked as cuda_blocked
 from kernels.cuda import host as cuda_host
+from kernels.cuda.blocked import kernel as cuda_blocked
 from tests.kernels.poisoned import assert_matmul_close, run_poisoned
 
 SPECS = {"float32": cuda_blocked.F32_SPEC, "float64": cuda_blocked.F64_SPEC}

@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from kernels.cuda import host as cuda_host
-from kernels.device.buffers import BufferPool, numpy_allocator
 from kernels.device.engine import Panel, StagedProduct
 from kernels.device.gpu import NumbaDevice
-from pipeline.store.raw_chunks import read_compressed
+from kernels.memory.allocators import numpy_allocator
+from kernels.memory.buffers import BufferPool
+from pipeline.store.chunks.raw import read_compressed
 from tests.kernels import fake_nvcomp
 from tests.kernels.test_device_decode import zstd_array
 

@@ -16,11 +16,11 @@ import pytest
 import zarr
 
 from kernels.cuda import host as cuda_host
-from kernels.device.buffers import numpy_allocator
 from kernels.device.emulated import EmulatedDevice
 from kernels.device.engine import Panel, StagedProduct
 from kernels.device.gpu import NumbaDevice
-from pipeline.store.raw_chunks import device_decodable, read_compressed
+from kernels.memory.allocators import numpy_allocator
+from pipeline.store.chunks.raw import device_decodable, read_compressed
 
 needs_cuda = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
@@ -250,7 +250,7 @@ def test_nvcomp_decodes_zarr_zstd_frames(tmp_path: Path) -> None:
 
 
 def pool() -> Any:
-    from kernels.device.buffers import BufferPool
+    from kernels.memory.buffers import BufferPool
 
     return BufferPool(numpy_allocator, 1 << 24)
 

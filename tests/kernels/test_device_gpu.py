@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from kernels.cuda import host as cuda_host
-from kernels.device.buffers import BufferPool, numpy_allocator
 from kernels.device.engine import StagedProduct
 from kernels.device.gpu import NumbaDevice
+from kernels.memory.allocators import numpy_allocator
+from kernels.memory.buffers import BufferPool
 
 pytestmark = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"

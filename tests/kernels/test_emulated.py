@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from kernels.device.calibrate import calibrate
 from kernels.device.emulated import DeviceMemoryError, EmulatedDevice, TimelineEntry
+from kernels.device.rates import calibrate
 
 # 1 GFLOP/s and 0.1 GB/s: a 200^3 float32 gemm is 16 ms, a 1 MB copy 10 ms.
 TFLOPS, GBPS = 1e-3, 0.1

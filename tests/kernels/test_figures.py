@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from kernels.device import figures
-from kernels.device.calibrate import Calibration, figures_for
+from kernels.device.rates import Calibration, figures_for
 
 KEY = {"gpu": "NVIDIA H100 PCIe", "cc": "9.0", "memory_bytes": 80 << 30, "driver_cuda": "13.0"}
 

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[2]
 BAD_KERNELS = """
 import dataclasses, json, sys
 from pathlib import Path
-from kernels.cuda import blocked as cuda_blocked
+from kernels.cuda.blocked import kernel as cuda_blocked
 from kernels.inspect import machine_code as ki
 reports = []
 for name, change in [("bad_acc_float64", {"acc_init": "float64"}),
@@ -98,7 +98,7 @@ def test_default_kernel_meets_static_targets(reports: dict[str, Any], dtype: str
 def test_tensor_core_kernels_meet_their_targets(reports: dict[str, Any], precision: str) -> None:
     """Issue 21's static gate: HMMA in the hot loop as designed, no FFMA main loop, no spills
     or local memory, <= 255 registers and >= 2 blocks per SM by ptxas's numbers."""
-    from kernels.cuda.tf32 import SPECS
+    from kernels.cuda.tensor.kernel import SPECS
 
     spec = SPECS[precision]
     r = reports[f"mma_{precision}"]
@@ -113,7 +113,7 @@ def test_tensor_core_kernels_meet_their_targets(reports: dict[str, Any], precisi
 
 
 def test_3xtf32_issues_three_times_the_hmma_per_k_step(reports: dict[str, Any]) -> None:
-    from kernels.cuda.tf32 import SPECS
+    from kernels.cuda.tensor.kernel import SPECS
 
     per_step = {p: reports[f"mma_{p}"]["hmma"] // SPECS[p].k_steps for p in SPECS}
     assert per_step == {"tf32": 16, "3xtf32": 48}

@@ -1,4 +1,4 @@
-"""The doctor's NVML facts (kernels.device.nvml, kernels.device.probe.nvml_facts) from a fake
+"""The doctor's NVML facts (kernels.device.nvml, kernels.device.doctor_probe.nvml_facts) from a fake
 pynvml: MIG mode, CPU affinity, GPUs without MIG, and NVML missing altogether."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from kernels.device import probe
+from kernels.device import doctor_probe as probe
 from kernels.device.nvml import GpuFacts, cpu_list, cpu_ranges, describe, gpu_facts
 
 

@@ -1,4 +1,4 @@
-"""The doctor's nvCOMP round trip (kernels.device.probe.nvcomp_round_trip) in the simulator
+"""The doctor's nvCOMP round trip (kernels.device.doctor_probe.nvcomp_round_trip) in the simulator
 with the fake nvCOMP module: pass, wrong bytes, a failing decode, nvCOMP missing."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kernels.cuda import host as cuda_host
-from kernels.device import probe
+from kernels.device import doctor_probe as probe
 from tests.kernels.test_decode_nvcomp import install
 
 pytestmark = [

@@ -17,11 +17,12 @@ import pytest
 from numpy.typing import NDArray
 
 from kernels.cuda import host as cuda_host
-from kernels.device.buffers import PAGE, BufferPool, Lease, numpy_allocator, pinned_allocator
-from kernels.device.calibrate import calibrate
 from kernels.device.emulated import EmulatedDevice
 from kernels.device.engine import Panel, StagedProduct
 from kernels.device.gpu import NumbaDevice
+from kernels.device.rates import calibrate
+from kernels.memory.allocators import numpy_allocator, pinned_allocator
+from kernels.memory.buffers import PAGE, BufferPool, Lease
 
 needs_cuda = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
@@ -109,7 +110,7 @@ def test_engines_in_threads_share_one_device_and_pool() -> None:
 def test_calibrate_drives_numba_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """The protocol calls (streams, copies, gemm) on the simulator, timed by a fake clock:
     each rate is the work over the best repeat, the warm-up (here the fastest) left out."""
-    from kernels.device import calibrate as module
+    from kernels.device import rates as module
 
     durations = iter([0.5, 4.0, 2.0, 0.25, 1.0, 2.0, 0.125, 8.0, 4.0])  # gemm, h2d, d2h
     reads = iter(range(10**6))
@@ -250,7 +251,7 @@ def test_overlap_keeps_the_emulated_device_busier() -> None:
 
 def test_engine_modules_import_neither_numba_nor_dask_nor_zarr() -> None:
     code = (
-        "import sys, kernels.device.buffers, kernels.device.gpu, kernels.device.calibrate, "
+        "import sys, kernels.memory.buffers, kernels.device.gpu, kernels.device.rates, "
         "kernels.device.emulated, kernels.device.engine; "
         "print([m for m in ('numba', 'dask', 'zarr') if m in sys.modules])"
     )

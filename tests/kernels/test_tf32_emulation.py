@@ -27,8 +27,9 @@ import os
 import numpy as np
 import pytest
 
-from kernels.cuda import mma_source, tf32
-from kernels.cuda.mma_spec import TF32_SPEC, X3_SPEC, MmaSpec, a_fragment, b_fragment, c_fragment
+from kernels.cuda.tensor import kernel as tf32
+from kernels.cuda.tensor import source as mma_source
+from kernels.cuda.tensor.spec import TF32_SPEC, X3_SPEC, MmaSpec, a_fragment, b_fragment, c_fragment
 from tests.helpers import assert_product
 from tests.kernels.tf32_emulation import (
     emulate_product,

@@ -8,8 +8,8 @@ import threading
 import numpy as np
 import pytest
 
-from kernels import zeroed
 from kernels.cpu import CpuAccumulator
+from kernels.memory import zeroed
 
 SHAPE = (512, 1024)  # 2 MiB of float32: above MIN_BYTES
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.cuda.mma_spec import MMA_K, WARP, a_fragment, b_fragment, c_fragment
+from kernels.cuda.tensor.spec import MMA_K, WARP, a_fragment, b_fragment, c_fragment
 
 F32 = NDArray[np.float32]
 

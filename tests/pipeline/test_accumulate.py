@@ -17,8 +17,8 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
+from pipeline.accumulate.state import SIDECAR
 from pipeline.errors import InputError, IntegerOverflowError, UsageError
-from pipeline.store.accumulate import SIDECAR
 from tests.helpers import random_matrix, run_cli, write_array
 from tests.pipeline.test_crash import job, multiply_argv
 
@@ -86,7 +86,7 @@ def test_alpha_scales_a_fresh_product(tmp_path: Path, client: Client) -> None:
 def test_failed_tiles_are_added_once_on_resume(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: str
 ) -> None:
-    import pipeline.run.accumulate as acc
+    import pipeline.accumulate.tasks as acc
     import pipeline.run.worker as worker
 
     a_url, b_url, c_url, c0 = setup(tmp_path)
@@ -245,7 +245,7 @@ def test_cli_accumulate(tmp_path: Path) -> None:
 def test_verify_after_accumulating(tmp_path: Path, client: Client) -> None:
     """--verify checks α·A·B + β·C_old from the kept originals; C wrong by a little more than
     rounding in one element fails, keeps the originals and leaves the accumulation unfinished."""
-    import pipeline.run.accumulate as acc
+    import pipeline.accumulate.tasks as acc
 
     a_url, b_url, c_url, c0 = setup(tmp_path)
     result = multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA,

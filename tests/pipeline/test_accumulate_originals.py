@@ -13,8 +13,8 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
+from pipeline.accumulate.state import ORIGINAL, SIDECAR
 from pipeline.errors import UsageError
-from pipeline.store.accumulate import ORIGINAL, SIDECAR
 from tests.pipeline.test_accumulate import ALPHA, BETA, assert_once, expected, setup
 
 LAYOUTS = {
@@ -55,7 +55,7 @@ def test_unwritten_chunks_are_c_fill_value(tmp_path: Path, client: Client) -> No
 def test_objects_are_renamed_not_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A local C's objects keep their inodes in ``original/``: no byte of C is read or written
     to keep it (the tile's product then fails, leaving the originals in place)."""
-    import pipeline.run.accumulate as acc
+    import pipeline.accumulate.tasks as acc
 
     a_url, b_url, c_url, _ = setup(tmp_path)
     inodes = {p.relative_to(c_url): p.stat().st_ino for p in (Path(c_url) / "c").rglob("*")
@@ -80,7 +80,7 @@ def test_a_tile_stopped_while_moving_its_objects(tmp_path: Path, monkeypatch: py
                                                  client: Client) -> None:  # fmt: skip
     """Killed after moving some of a tile's objects (no marker yet): the rerun moves the rest
     and reads every original from ``original/``, never a hole left in C."""
-    import pipeline.run.accumulate as acc
+    import pipeline.accumulate.tasks as acc
 
     a_url, b_url, c_url, c0 = setup(tmp_path)
     real = acc.move_originals

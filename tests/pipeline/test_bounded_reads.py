@@ -27,10 +27,10 @@ from zarr.codecs import BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdC
 
 from pipeline import multiply
 from pipeline.errors import InputError, StoredObjectError, UsageError
-from pipeline.sensitive import ENV, options_from_env, options_from_file
 from pipeline.store import inputs
-from pipeline.store.input_store import InputStore
-from pipeline.store.raw_chunks import read_compressed
+from pipeline.store.chunks.input_store import InputStore
+from pipeline.store.chunks.raw import read_compressed
+from pipeline.store.options_file import ENV, options_from_env, options_from_file
 from tests.helpers import REPO, assert_product, run_cli
 from tests.pipeline.test_hostile import GZIP_V3, ZSTD_V3, deflated, rle_frame, v3_meta
 

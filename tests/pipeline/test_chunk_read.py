@@ -1,4 +1,4 @@
-"""Small chunks read without zarr's per-chunk path (pipeline.store.chunk_read): the same
+"""Small chunks read without zarr's per-chunk path (pipeline.store.chunks.unsharded): the same
 values as zarr's read, every layout it takes, zarr's path for the ones it does not."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import zarr
 from zarr.codecs import BloscCodec, GzipCodec, ZstdCodec
 
 from pipeline.errors import ChunkSizeError
-from pipeline.store import chunk_read
+from pipeline.store.chunks import unsharded as chunk_read
 from pipeline.store.inputs import open_input, read_block
 
 V3 = {"zstd": ZstdCodec(), "blosc": BloscCodec(), "gzip": GzipCodec(), "none": None}

@@ -132,7 +132,7 @@ def test_random_is_reproducible(tmp_path: Path) -> None:
 
 
 def test_storage_options_are_parsed() -> None:
-    from pipeline.cli import parse_storage_options
+    from pipeline.cli.main import parse_storage_options
 
     got = parse_storage_options(
         ["anon=true", "endpoint_url=http://127.0.0.1:9000", "region=x", "max_concurrency=4"]

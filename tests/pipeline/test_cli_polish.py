@@ -20,8 +20,8 @@ import pytest
 import zarr
 from distributed import Client
 
-from pipeline.cli import build_parser, dashboard_address, main, parse_args
-from pipeline.report import report_context
+from pipeline.cli.main import build_parser, dashboard_address, main, parse_args
+from pipeline.summary import report_context
 from tests.child_env import child_env
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 

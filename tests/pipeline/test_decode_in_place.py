@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline.store import chunk_read, inputs
-from pipeline.store.bounded import bounded
+from pipeline.store import inputs
+from pipeline.store.chunks import unsharded as chunk_read
+from pipeline.store.chunks.bounded import bounded
 
 CHUNKS = (512, 1024)  # 2 MiB of float32: over DIRECT_MAX_CHUNK_BYTES
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from distributed import Client, LocalCluster
 
-from pipeline.run import devices
+from pipeline.facts import devices
 
 CALLS: list[tuple[str, bool, str]] = []
 

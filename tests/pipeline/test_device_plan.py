@@ -10,8 +10,9 @@ import pytest
 import zarr
 
 from pipeline.errors import MemoryBudgetError
-from pipeline.plan import ArraySpec, plan_matmul
-from pipeline.plan.device import DEVICE_CLASSES, DeviceModel
+from pipeline.plan.device_model import DEVICE_CLASSES, DeviceModel
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec
 from tests.helpers import run_cli
 
 GiB = 2**30
@@ -114,7 +115,7 @@ def test_gpu_decode_rate_follows_the_frames_per_panel(chunks: tuple[int, int], s
     FRAME_DECODE_BYTES_PER_SECOND; the plan's kernel time holds the inputs' bytes at that rate,
     capped by the device's peak (50 GB/s assumed), which the plan keeps."""
     from kernels.constants import FRAME_DECODE_BYTES_PER_SECOND
-    from pipeline.plan.gpu import panel_decode_rate, with_device
+    from pipeline.plan.gpu_candidate import panel_decode_rate, with_device
 
     a = ArraySpec((8192, 8192), chunks, "float32")
     plan = plan_matmul(

@@ -47,7 +47,7 @@ def test_cli_reference_is_current() -> None:
 
 
 def test_readme_options_table_matches_the_parser() -> None:
-    from pipeline.cli import build_parser
+    from pipeline.cli.main import build_parser
 
     parser = build_parser()
     subcommands = {name: sub for name, sub, _ in load_generator()._subcommands(parser)}

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from pipeline import doctor
-from pipeline.doctor import Check, cuda_majors
+from pipeline.doctor import checks as doctor
+from pipeline.doctor.checks import Check, cuda_majors
 from tests.helpers import run_cli
 
 CPU_CHECKS = ["versions", "cuda-family", "toolkit", "cpu"]
@@ -100,7 +100,7 @@ def test_the_toolkit_check_names_an_old_nvjitlink(monkeypatch: pytest.MonkeyPatc
 
 def test_the_gpu_probe_compares_our_kernels_with_numpy() -> None:
     """The probe's kernel check, in the simulator on a small odd shape."""
-    from kernels.device import probe
+    from kernels.device import doctor_probe as probe
 
     found = probe.kernels_vs_numpy((9, 11, 7))
     assert found["status"] == "pass" and "float64" in found["detail"], found
@@ -108,7 +108,7 @@ def test_the_gpu_probe_compares_our_kernels_with_numpy() -> None:
 
 def test_the_gpu_probe_fails_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     from kernels.cuda.host import CudaAccumulator
-    from kernels.device import probe
+    from kernels.device import doctor_probe as probe
 
     real = CudaAccumulator.result
     monkeypatch.setattr(CudaAccumulator, "result", lambda self, rows=None: 2 * real(self, rows))

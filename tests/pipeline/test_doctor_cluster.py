@@ -1,6 +1,6 @@
-"""The doctor's cluster check (pipeline.doctor_cluster, pipeline.doctor.cluster_check): skipped
-without a GPU, and a verified job on a LocalCUDACluster of one dask-cuda MockWorker running
-the CUDA kernels in the simulator."""
+"""The doctor's cluster check (pipeline.doctor.cluster_check,
+pipeline.doctor.checks.cluster_check): skipped without a GPU, and a verified job on a
+LocalCUDACluster of one dask-cuda MockWorker running the CUDA kernels in the simulator."""
 
 from __future__ import annotations
 
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 
 from cluster import lifecycle
-from pipeline import doctor, doctor_cluster
-from pipeline.doctor import Check
+from pipeline.doctor import checks as doctor
+from pipeline.doctor import cluster_check as doctor_cluster
+from pipeline.doctor.checks import Check
 
 
 def test_skipped_where_dask_cuda_sees_no_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -34,7 +35,7 @@ def test_the_doctor_runs_it_only_after_a_working_gpu(
     monkeypatch.setattr(doctor, "run_child", lambda module, name: [Check(name, "pass", module)])
     found = doctor.cluster_check([Check("devices", devices, "H100")])
     assert [c.check for c in found] == ["cluster"]
-    assert (found[0].detail == "pipeline.doctor_cluster") == ran, found
+    assert (found[0].detail == "pipeline.doctor.cluster_check") == ran, found
 
 
 def test_a_verified_job_on_a_mock_gpu_worker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,10 +32,10 @@ ALLOWED = {
     "pipeline/store/fs.py": {"pipe_file"},
     "pipeline/store/owned.py": {"rm"},
     "pipeline/store/journal.py": {"rm_file"},
-    "pipeline/store/accumulate.py": {"rm_file", "makedirs", "mv", "rm"},
+    "pipeline/accumulate/state.py": {"rm_file", "makedirs", "mv", "rm"},
     "pipeline/store/lock.py": {"pipe_file", "rm_file", "ftruncate"},  # fd: from the door
     # Outside any array: the user's cache folder, kernels' PTX folder, the report's temp copy.
-    "pipeline/host_probe.py": None,
+    "pipeline/facts/host.py": None,
     "kernels/device/figures.py": None,
     "kernels/inspect/machine_code.py": None,
     "pipeline/store/report_file.py": {"write"},

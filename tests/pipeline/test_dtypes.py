@@ -15,8 +15,7 @@ from hypothesis import strategies as st
 
 from pipeline import multiply
 from pipeline.errors import InputError, IntegerOverflowError, PipelineError, UsageError
-from pipeline.plan import output_dtypes
-from pipeline.plan.dtypes import check_accumulation, result_dtype, sum_range
+from pipeline.plan.dtypes import check_accumulation, output_dtypes, result_dtype, sum_range
 from tests.helpers import assert_product, run_cli, write_array
 
 INTEGERS = ["bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]

@@ -11,7 +11,7 @@ import pytest
 import zarr
 
 from benchmarks import gpu_feed
-from pipeline.plan.gpu import first_band_rows
+from pipeline.plan.gpu_candidate import first_band_rows
 from tests.helpers import random_matrix
 
 N, CHUNK = 3072, 512

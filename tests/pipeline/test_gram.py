@@ -14,8 +14,9 @@ from distributed import Client
 
 from pipeline import gram, multiply, verify_product
 from pipeline.errors import InputError, UsageError
-from pipeline.gramian import prepare_gram
-from pipeline.plan import ArraySpec, OutputSpec, plan_matmul
+from pipeline.gram import prepare_gram
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec, OutputSpec
 from pipeline.store.mirror import same_bits
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 from tests.pipeline.test_s3 import put, s3  # noqa: F401, F811 - the moto S3 fixture

@@ -15,14 +15,14 @@ import dask
 import numpy as np
 import pytest
 
-from cluster import ClusterSpec
 from cluster.scratch_dirs import check_scratch_dirs
+from cluster.spec import ClusterSpec
 from pipeline.api import prepare
 from pipeline.errors import UsageError
 from pipeline.generate import MAX_CHUNKS, write_random
-from pipeline.plan import StoreSpec
-from pipeline.redaction import redact_url, url_secrets
-from pipeline.sensitive import ScrubLogs, secret_values
+from pipeline.plan.spec import StoreSpec
+from pipeline.sensitive.text import redact_url, url_secrets
+from pipeline.sensitive.values import ScrubLogs, secret_values
 from tests.helpers import run_cli, write_array
 
 SECRET = "SECRET-6d1c"
@@ -254,7 +254,7 @@ def test_a_scratch_directory_elsewhere_is_fine(
 
 
 def test_gram_names_its_arrays(tmp_path: Path) -> None:
-    from pipeline.gramian import prepare_gram
+    from pipeline.gram import prepare_gram
 
     x = write_array(tmp_path / "x.zarr", np.ones((6, 4), "float32"), (3, 2))
     refused = pytest.raises(UsageError, match=r"is G \(.*outside X, G")

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 from benchmarks.calibrate import source
-from pipeline import host_probe
-from pipeline.plan import ArraySpec, plan_matmul
-from pipeline.plan.calibration import COSTS
+from pipeline.facts import host as host_probe
 from pipeline.plan.costs import LIMITS, ChunkCost, HostProbe, for_host, host_factors
+from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.model import Work, grouped, resource_seconds
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec
 from tests.helpers import random_matrix, run_cli, write_array
 from tests.pipeline.test_model import COSTS as FIXED
 

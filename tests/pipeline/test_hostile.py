@@ -23,13 +23,14 @@ from numcodecs import LZ4, Blosc, GZip, Zlib, Zstd
 
 import pipeline
 from pipeline.errors import ChunkSizeError, MemoryBudgetError, PlanLimitError
-from pipeline.plan import ArraySpec, plan_matmul
 from pipeline.plan.limits import PlanLimits
 from pipeline.plan.memory import ZARR_BYTES_PER_CHUNK, calculate_task_bytes, chunks_touched
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec
 from pipeline.store import inputs
-from pipeline.store.bounded import bounded
-from pipeline.store.raw_chunks import read_compressed
-from pipeline.store.zstd_frames import declared_size, first_frame_size
+from pipeline.store.chunks.bounded import bounded
+from pipeline.store.chunks.raw import read_compressed
+from pipeline.store.chunks.zstd_frames import declared_size, first_frame_size
 from tests.helpers import REPO, run_cli
 
 GiB, MiB = 2**30, 2**20

@@ -19,7 +19,9 @@ import pytest
 import zarr
 
 from pipeline.errors import UsageError
-from pipeline.plan import ArraySpec, MatmulPlan, plan_matmul
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec
 from pipeline.store import journal
 from pipeline.store.fs import write_bytes
 from tests.pipeline.test_lock_units import SECRET, KeyedFileSystem

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from benchmarks.calibrate import fit
-from pipeline.plan import ArraySpec, OutputSpec, plan_matmul
 from pipeline.plan.costs import ChunkCost, CostModel
 from pipeline.plan.matmul import cpu_resource_seconds, cpu_work
 from pipeline.plan.model import chunks_per_pass
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec, OutputSpec
 from tests.helpers import random_matrix, run_cli, write_array
 
 GiB = 2**30
@@ -33,7 +34,7 @@ COSTS = CostModel(
 def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> None:
     """These constants, not this machine's calibration."""
     monkeypatch.setattr("pipeline.plan.matmul.COSTS", COSTS)
-    monkeypatch.setattr("pipeline.plan.device.COSTS", COSTS)
+    monkeypatch.setattr("pipeline.plan.device_model.COSTS", COSTS)
     monkeypatch.setattr("pipeline.plan.matmul.TASK_OVERHEAD_SECONDS", COSTS.task_seconds)
 
 
@@ -91,7 +92,7 @@ def test_a_short_k_is_bound_by_writing_out() -> None:
 
 def test_the_staged_gpu_path_pays_per_chunk_too() -> None:
     """Its decode threads fetch and decode the same chunks on the host."""
-    from pipeline.plan.device import DEVICE_CLASSES
+    from pipeline.plan.device_model import DEVICE_CLASSES
 
     def seconds(chunk: int) -> dict[str, float]:
         spec = ArraySpec((8192, 8192), (chunk, chunk), "float32")

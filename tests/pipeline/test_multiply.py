@@ -189,7 +189,7 @@ def test_banded_write_journals_the_crc_of_each_tile(tmp_path: Path, client: Clie
     hold the crc32 of the whole tile as stored (what --resume trusts), every band written."""
     import zlib
 
-    from pipeline.plan import row_bands
+    from pipeline.plan.matmul import row_bands
 
     rng = np.random.default_rng(4)
     a, b = random_matrix(rng, (1100, 300), "float32"), random_matrix(rng, (300, 520), "float32")
@@ -215,7 +215,7 @@ def test_a_failed_band_write_fails_the_tile_unjournaled(
     """A band write that fails (disk full, lost connection) must fail the tile task with that
     error and leave no entry for the tile: the failed band's entry (journaled ahead of its
     write) names a crc32 its rows do not give, so --resume keeps the first band only."""
-    from pipeline.plan import row_bands
+    from pipeline.plan.matmul import row_bands
     from pipeline.run import worker
     from pipeline.store.output import Output
 

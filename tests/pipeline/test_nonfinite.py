@@ -279,8 +279,8 @@ RECOMPUTE = "recompute C with `python -m pipeline multiply A B C --overwrite`"
     ],
 )  # fmt: skip
 def test_verify_lines(fields: dict[str, Any], line: str, error: str | None) -> None:
-    from pipeline.report import format_verify, format_verify_error
-    from pipeline.verify import VerifyResult
+    from pipeline.summary import format_verify, format_verify_error
+    from pipeline.verify.check import VerifyResult
 
     blocks = fields.pop("blocks", ())
     result = VerifyResult(rounds=2, failing_row_blocks=blocks, **fields)

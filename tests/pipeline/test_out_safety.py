@@ -327,7 +327,8 @@ def test_chunk_index(key: str, encoding: tuple[str, str], index: tuple[int, int]
 def test_stale_tiles_follow_shards(tmp_path: Path) -> None:
     """A changed shard of A stales every tile over its rows; one of B, every tile over its
     columns."""
-    from pipeline.plan import ArraySpec, plan_matmul
+    from pipeline.plan.search import plan_matmul
+    from pipeline.plan.spec import ArraySpec
     from pipeline.store.journal import stale_tiles
 
     a = ArraySpec((1024, 64), (128, 64), "float32", shards=(512, 64))
@@ -345,7 +346,8 @@ def test_stale_tiles_follow_transposed_operands() -> None:
     op(B)'s column band j."""
     from dataclasses import replace
 
-    from pipeline.plan import ArraySpec, plan_matmul
+    from pipeline.plan.search import plan_matmul
+    from pipeline.plan.spec import ArraySpec
     from pipeline.store.journal import stale_tiles
 
     a = ArraySpec((1024, 64), (256, 64), "float32")  # op(A), as the planner sees it

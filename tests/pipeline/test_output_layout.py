@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from pipeline import multiply, prepare
 from pipeline.errors import UsageError
 from pipeline.job import fingerprint
-from pipeline.plan import ArraySpec, OutputSpec, output_spec, parse_pair, plan_matmul
+from pipeline.plan.layout import output_spec, parse_pair
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec, OutputSpec
 from tests.helpers import assert_product, random_matrix, run_cli
 
 GiB = 2**30
@@ -133,7 +135,7 @@ def test_tiles_and_bands_hold_whole_shards(
 ) -> None:
     """Every tile (and gemm block, hence every written band) starts on a shard boundary and
     ends on one or at the array's edge: a shard never has two writers."""
-    from pipeline.plan import row_bands
+    from pipeline.plan.matmul import row_bands
 
     shards = (chunk[0] * per_shard[0], chunk[1] * per_shard[1])
     a, b = (

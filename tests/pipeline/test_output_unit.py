@@ -557,7 +557,7 @@ def test_every_operation_passes_the_storage_options(tmp_path: Path) -> None:
 
 def small_plan() -> Any:
     """The plan of a 4x6 OUT in 2x3 chunks (as ``ours`` creates)."""
-    from pipeline.plan import plan_matmul
+    from pipeline.plan.search import plan_matmul
 
     a, b = ArraySpec((4, 5), (2, 5), "float32"), ArraySpec((5, 6), (5, 3), "float32")
     return plan_matmul(a, b, workers=1, threads_per_worker=1, memory_limit_bytes=2**31)

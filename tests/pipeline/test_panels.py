@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from distributed import Client
 
-from pipeline.run.panels import PanelCache
+from pipeline.run.panel_cache import PanelCache
 
 
 def test_concurrent_requests_decode_once() -> None:
@@ -90,7 +90,7 @@ def test_workers_hold_no_panels_after_a_job(tmp_path: Path, client: Client) -> N
     assert result.plan.cache_bytes > 0
 
     def cached_bytes() -> int:  # nested: pickled by value, runs on each worker
-        from pipeline.run.panels import CACHE
+        from pipeline.run.panel_cache import CACHE
 
         return CACHE._bytes
 

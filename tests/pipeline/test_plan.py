@@ -8,16 +8,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pipeline.errors import InputError, MemoryBudgetError, UsageError
-from pipeline.plan import (
-    MIN_TASKS,
-    WORKER_OVERHEAD_BYTES,
-    ArraySpec,
-    gemm_block,
-    parse_size,
-    plan_k_panels,
-    plan_matmul,
-    result_dtype,
-)
+from pipeline.plan.dtypes import result_dtype
+from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
+from pipeline.plan.search import MIN_TASKS, gemm_block, plan_k_panels, plan_matmul
+from pipeline.plan.spec import ArraySpec
+from pipeline.plan.units import parse_size
 
 GiB = 2**30
 

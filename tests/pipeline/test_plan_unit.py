@@ -13,7 +13,7 @@ import pytest
 
 from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
 from pipeline.plan import memory, search
-from pipeline.plan.device import DEVICE_CLASSES
+from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.limits import PlanLimits
 from pipeline.plan.spec import ArraySpec, OutputSpec
 

@@ -20,7 +20,7 @@ from pipeline import multiply, prepare
 from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.job import fingerprint
 from pipeline.run import worker
-from pipeline.verify import verify_product
+from pipeline.verify.check import verify_product
 from tests.helpers import assert_product, cpu_tile_task, random_matrix, run_cli, write_array
 from tests.kernels.test_cublas import FakeCupy
 from tests.kernels.test_precision import TF32_TENSOR_OP_MATH, FakeCublasLib
@@ -116,7 +116,7 @@ def test_fp32_job_records_its_precision(tmp_path: Path, client: Client) -> None:
     result = multiply(a, b, out, client=client, backend="cpu", verify=True)
     assert result.plan.precision == "fp32" and result.verified is True
     assert zarr.open_array(out).attrs["tilegemm"]["precision"] == "fp32"
-    from pipeline.report import format_summary
+    from pipeline.summary import format_summary
 
     assert "backend cpu, precision fp32)" in format_summary(result)
 
@@ -144,9 +144,10 @@ def test_the_staged_engine_gives_the_device_its_precision(tmp_path: Path) -> Non
     """The staged engine on numba's device (simulator): fp32 computes as before; a tensor
     precision picks the mma variant, whose refusal to run in the simulator reaches the
     caller."""
-    from kernels.device.buffers import BufferPool, numpy_allocator
     from kernels.device.engine import StagedProduct
     from kernels.device.gpu import NumbaDevice
+    from kernels.memory.allocators import numpy_allocator
+    from kernels.memory.buffers import BufferPool
 
     rng = np.random.default_rng(2)
     a, b = random_matrix(rng, (5, 7), "float32"), random_matrix(rng, (7, 3), "float32")

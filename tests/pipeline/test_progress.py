@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from distributed import Client, LocalCluster
 
-from pipeline.plan import format_bytes
-from pipeline.progress import ProgressLine
+from pipeline.plan.units import format_bytes
+from pipeline.run.progress import ProgressLine
 from tests.helpers import cpu_tile_task, random_matrix, write_array
 
 
@@ -168,7 +168,7 @@ def test_verify_line_counts_blocks_and_bytes(
     """verify's line is multiply's style: blocks done, bytes read, elapsed, ETA; every block
     of B (one pass) and of A and C (row blocks) is read once and counted."""
     from pipeline import multiply
-    from pipeline.verify import verify_product
+    from pipeline.verify.check import verify_product
 
     rng = np.random.default_rng(2)
     a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (50, 70), "float32"), (20, 30))

@@ -358,7 +358,7 @@ def test_a_hard_linked_lock_is_never_written(tmp_path: Path) -> None:
 
 
 def test_an_original_is_never_removed_unless_saved(tmp_path: Path) -> None:
-    from pipeline.store.accumulate import move_originals
+    from pipeline.accumulate.state import move_originals
     from pipeline.store.output import Output
 
     c = tmp_path / "c.zarr"

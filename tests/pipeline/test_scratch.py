@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.store import scratch
+from kernels.memory import scratch
 
 
 @pytest.fixture(autouse=True)

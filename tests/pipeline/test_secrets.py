@@ -18,11 +18,12 @@ from distributed import Client
 from fsspec.implementations.memory import MemoryFileSystem
 
 from pipeline.api import prepare
-from pipeline.cli import main
-from pipeline.cli_parser import build_parser, parse_args, parse_storage_options, storage_options
+from pipeline.cli.main import main
+from pipeline.cli.parser import build_parser, parse_args, parse_storage_options, storage_options
 from pipeline.errors import UsageError
-from pipeline.sensitive import ENV, ScrubLogs, exposure_warning, redact, secret_values
+from pipeline.sensitive.values import ScrubLogs, exposure_warning, redact, secret_values
 from pipeline.store.locate import merge_options
+from pipeline.store.options_file import ENV
 from tests.helpers import write_array
 
 FAKE = "FAKE-SECRET-8e1f"

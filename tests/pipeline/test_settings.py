@@ -15,9 +15,9 @@ import zarr
 
 from pipeline import settings
 from pipeline.api import prepare
-from pipeline.cli import main
+from pipeline.cli.main import main
 from pipeline.errors import UnfinishedOutputError, UsageError
-from pipeline.verify import check_shapes
+from pipeline.verify.check import check_shapes
 from tests.helpers import run_cli, write_array
 
 

@@ -1,4 +1,4 @@
-"""Sharded inputs read past zarr's per-chunk path (pipeline.store.shard_read): the same values
+"""Sharded inputs read past zarr's per-chunk path (pipeline.store.chunks.sharded): the same values
 as zarr's read for every layout it takes, zarr's path for the rest, and a shard index that
 lies refused."""
 
@@ -14,7 +14,7 @@ import zarr
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ShardingCodec, ZstdCodec
 
 from pipeline.errors import InputError
-from pipeline.store import shard_read
+from pipeline.store.chunks import sharded as shard_read
 from pipeline.store.inputs import open_input, read_block
 
 INNER = {"zstd": [ZstdCodec()], "blosc": [BloscCodec()], "gzip": [GzipCodec()], "none": []}

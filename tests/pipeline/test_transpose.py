@@ -13,9 +13,10 @@ from distributed import Client
 
 from pipeline import multiply, prepare, verify_product
 from pipeline.errors import InputError, UsageError
-from pipeline.plan import ArraySpec, plan_matmul
+from pipeline.facts.job_plan import fingerprint
 from pipeline.plan.operands import check_contraction
-from pipeline.planning import fingerprint
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 GiB = 2**30
@@ -208,7 +209,7 @@ def test_gpu_decode_with_a_transposed_operand_is_decoded_on_the_host(tmp_path: P
 
 
 def test_staged_transposing_copy_is_in_the_memory_model() -> None:
-    from pipeline.plan.gpu import decode_buffer_bytes
+    from pipeline.plan.gpu_candidate import decode_buffer_bytes
 
     a, b = (
         ArraySpec((4096, 8192), (1024, 1024), "float32"),

@@ -1,4 +1,4 @@
-"""verify held to its promise: the tolerance it enforces is the one pipeline/verify.py states
+"""verify held to its promise: the tolerance it enforces is the one pipeline/verify/check.py states
 (an error just above it fails, just below passes, per dtype), and extra rounds do catch errors
 that cancel under one random vector, at the rate Freivalds' check gives: a pair +e, −e in one
 row escapes a ±1 vector when its two signs agree, probability 1/2, so R rounds miss it with
@@ -16,7 +16,7 @@ import zarr
 from distributed import Client
 
 from pipeline import verify_product
-from pipeline.verify import SAFETY, TAU, U64
+from pipeline.verify.check import SAFETY, TAU, U64
 from tests.pipeline.test_verify import matrices, product
 
 COMPUTE = {"float16": "float32", "float32": "float32", "float64": "float64"}
@@ -31,7 +31,7 @@ def unit(dtype: str) -> float:
 
 
 def stated_tolerance(a: Any, b: Any, c: Any, noise: float, i: int, dtype: str) -> float:
-    """Row i's tolerance as pipeline/verify.py's docstring states it:
+    """Row i's tolerance as pipeline/verify/check.py's docstring states it:
     TAU·(min(bound_i, noise_i) + verifier_i)."""
     (k, n), a64, c64 = b.shape, a.astype("float64"), c.astype("float64")
     a_norm, b_norm, c_norm = (np.linalg.norm(a64[i]), np.linalg.norm(b.astype("float64")),
@@ -44,7 +44,7 @@ def stated_tolerance(a: Any, b: Any, c: Any, noise: float, i: int, dtype: str) -
 
 
 def test_tau_is_the_stated_false_alarm_rate() -> None:
-    """TAU's promise (pipeline/run/verify_tasks.py): a correct row's Gaussian residual passes
+    """TAU's promise (pipeline/verify/tasks.py): a correct row's Gaussian residual passes
     TAU standard deviations about once in 10⁹ rows. The tests below take TAU from the code, so
     this pins what loosening it would break."""
     assert 1e-10 < math.erfc(TAU / math.sqrt(2)) < 1e-8

@@ -1,5 +1,5 @@
-"""verify's tasks (pipeline/run/verify_tasks.py) called one by one, without a cluster: small
-arrays in, numbers out, each compared with the number pipeline/verify.py's docstring states,
+"""verify's tasks (pipeline/verify/tasks.py) called one by one, without a cluster: small
+arrays in, numbers out, each compared with the number pipeline/verify/check.py's docstring states,
 computed here from the formula (not from the code). Fast enough to mutation-test
 (benchmarks/mutate.py, target verify-tasks): the cluster tests take seconds per mutant."""
 
@@ -17,18 +17,18 @@ import numpy as np
 import pytest
 import zarr
 
-from pipeline import verify
 from pipeline.errors import InputError, InputNotFoundError, UnfinishedOutputError, UsageError
 from pipeline.plan.spec import ArraySpec
-from pipeline.run import verify_tasks as tasks
-from pipeline.run.verify_tasks import CheckSpec
 from pipeline.store import inputs
 from pipeline.store.output import ATTRS_KEY, Output
+from pipeline.verify import check as verify
+from pipeline.verify import tasks
+from pipeline.verify.tasks import CheckSpec
 from tests.helpers import write_array
 from tests.pipeline.test_output_unit import TokenFileSystem
 
 STATED_TAU, STATED_SAFETY, STATED_MAD = 6.0, 4.0, 0.6745
-"""The constants pipeline/verify.py's docstring and verify_tasks.py state, written out here
+"""The constants pipeline/verify/check.py's docstring and verify_tasks.py state, written out here
 so that changing one in the code fails a test (the tests below never import them)."""
 U64 = 2.0**-53
 TENSOR_UNIT = {"fp32": 0.0, "tf32": 2.0**-11, "3xtf32": 2.0**-22}
@@ -89,7 +89,7 @@ def blocks(extent: int, step: int) -> list[tuple[int, int]]:
 
 
 def reference(job: CheckSpec) -> Any:
-    """What pipeline/verify.py submits before the row checks: the B passes, the reference and,
+    """What pipeline/verify/check.py submits before the row checks: the B passes, the reference and,
     when B has non-finite columns, the masked pass."""
     ks = blocks(job.specs[1].shape[0], job.specs[1].chunks[0])
     ref = tasks.reference(job, [tasks.b_pass(job, k) for k in ks])
@@ -142,7 +142,7 @@ def stated_ratios(
     stored_norms: Any = None,
 ) -> Any:
     """Per row: max over rounds of |C·r − A·(B·r)| / tolerance, the tolerance as
-    pipeline/verify.py states it: TAU·(min(bound_i, noise_i) + verifier_i), with r set to 0 on
+    pipeline/verify/check.py states it: TAU·(min(bound_i, noise_i) + verifier_i), with r set to 0 on
     B's non-finite columns and every non-finite value read as 0. ``c_read``: C as checked
     ((C − β·C_old)/α when accumulated), ``stored_norms``: the norms of the stored values whose
     rounding the tolerance allows (default: ‖C_i‖)."""
@@ -233,7 +233,7 @@ def test_an_accumulated_product_allows_the_rounding_of_the_stored_values(
     tmp_path: Path, alpha: float, beta: float
 ) -> None:
     """C = α·A·B + β·C_old is checked as (C − β·C_old)/α, its tolerance allowing the rounding
-    of the stored values: u_C·(‖C_i‖ + |β|·‖C_old,i‖)/|α| (pipeline/run/accumulated.py)."""
+    of the stored values: u_C·(‖C_i‖ + |β|·‖C_old,i‖)/|α| (pipeline/verify/accumulated.py)."""
     a, b = matrices(9, 12, 7, "float32")
     old = matrices(9, 7, 7, "float32", seed=4)[0] * 100
     product = planted(a, b, "float64", size=1e-3)
@@ -568,7 +568,7 @@ def test_every_task_opens_its_arrays_with_the_jobs_options(
     assert all(options == {"anon": True} for _, options, _ in opened)
 
 
-# --- pipeline/verify.py's client side without a cluster ------------------------------------
+# --- pipeline/verify/check.py's client side without a cluster ------------------------------------
 
 
 def row_check(ratios: list[float], **fields: Any) -> tasks.RowCheck:

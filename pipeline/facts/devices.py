@@ -1,0 +1,85 @@
+"""Client side: the GPU a plan is made for — calibrated on the workers, the emulated
+device's configured figures, or a named device class's defaults."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from distributed import Client
+
+from kernels.backends import get_backend
+from kernels.device.rates import worker_device_figures
+from pipeline import settings
+from pipeline.plan.device_model import DEVICE_CLASSES, DeviceModel
+
+if TYPE_CHECKING:
+    from pipeline.options import JobOptions
+
+
+def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:
+    """The workers' calibrated GPU when known, the emulated device's figures, else the
+    configured device class's defaults (``tilegemm.device-class``); capped by
+    --device-memory-limit."""
+    model = (live or {}).get("device")
+    if get_backend(backend).modelled:
+        p = emulated_params()
+        memory = int(p.get("memory_bytes") or 80 * 2**30)
+        model = DeviceModel(
+            "emulated",
+            memory,
+            p["tflops"] * 1e12,
+            p["tflops"] * 5e11,
+            p["h2d_gbps"] * 1e9,
+            "emulated",
+            p["decode_gbps"] * 1e9,
+        )
+    if model is None:
+        model = DEVICE_CLASSES[settings.get("device-class")]
+    cap = options.device_memory_limit_bytes
+    memory = min(model.memory_bytes, cap) if cap else model.memory_bytes
+    return replace(model, memory_bytes=memory, decodes_chunks=options.gpu_decode)
+
+
+def emulated_params() -> dict[str, float]:
+    """The emulated device's figures: dask config ``tilegemm.emulated.tflops`` (float32; float64
+    runs at half), ``h2d-gbps``, ``decode-gbps`` (zstd decoded on the device, --gpu-decode) and
+    ``memory`` (a size; default 80GiB)."""
+    return {
+        "tflops": settings.get("emulated.tflops"),
+        "h2d_gbps": settings.get("emulated.h2d-gbps"),
+        "decode_gbps": settings.get("emulated.decode-gbps"),
+        "memory_bytes": float(settings.get("emulated.memory")),
+    }
+
+
+async def _figures_off_the_loop(dtype: str) -> dict[str, Any] | None:
+    """On a worker: its figures computed in a thread, so compiling and calibrating (seconds,
+    once per process and dtype) never stall the worker's event loop and heartbeats."""
+    return await asyncio.to_thread(worker_device_figures, dtype)
+
+
+def calibrated_device(client: Client, dtype: str = "float32") -> DeviceModel | None:
+    """The workers' GPU (the slowest and smallest of them) for a ``dtype`` job: the figures
+    saved by `doctor` for that GPU, driver and kernels, else measured there once and saved;
+    None where there is no real GPU (the simulator's rates mean nothing). A rate not measured
+    (the other dtype) follows the device class's float64/float32 ratio."""
+    figures = [f for f in client.run(_figures_off_the_loop, dtype).values() if f]
+    if not figures:
+        return None
+    ratio = DEVICE_CLASSES[settings.get("device-class")]
+    f64_per_f32 = ratio.float64_flops / ratio.float32_flops
+    rates = {
+        "float32": [f.get("float32_flops") or f["float64_flops"] / f64_per_f32 for f in figures],
+        "float64": [f.get("float64_flops") or f["float32_flops"] * f64_per_f32 for f in figures],
+    }
+    sources = sorted({str(f.get("source", "calibrated")) for f in figures})
+    return DeviceModel(
+        name=str(figures[0]["name"]),
+        memory_bytes=int(min(f["memory_bytes"] for f in figures)),
+        float32_flops=min(rates["float32"]),
+        float64_flops=min(rates["float64"]),
+        h2d_bytes_per_second=min(f["h2d_bytes_per_second"] for f in figures),
+        source=" and ".join(sources),
+    )

@@ -1,0 +1,120 @@
+"""A job's plan from its options (before a cluster, or for the live one) and the fingerprint
+that ties OUT's journal to it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, replace
+from typing import Any
+
+import psutil
+
+from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, PRECISIONS, check_precision
+from pipeline import settings
+from pipeline.errors import UsageError
+from pipeline.facts.devices import device_model
+from pipeline.facts.host import host_costs
+from pipeline.options import JobOptions
+from pipeline.plan.device_model import default_decode_threads
+from pipeline.plan.limits import PlanLimits
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.operands import attributes
+from pipeline.plan.search import plan_matmul
+from pipeline.plan.spec import ArraySpec
+
+
+def planning_backend(requested: str) -> str:
+    """The backend to plan for before the workers are asked: the one named, else the CPU."""
+    return CPU if requested == AUTO else requested
+
+
+def plan_for(
+    a: ArraySpec,
+    b: ArraySpec,
+    options: JobOptions,
+    state: dict[str, Any] | None,
+    live: dict[str, Any] | None,
+    backend: str = CPU,
+    *,
+    transposed: tuple[bool, bool] = (False, False),
+    symmetric: bool = False,
+) -> MatmulPlan:
+    """``live``: describe_workers() of a running cluster, or None before one is started.
+    ``backend``: a resolved one, or the one asked for (GPU backends plan for their device);
+    ``a`` and ``b`` are op(A) and op(B) (``transposed``, ``symmetric``: see plan_matmul)."""
+    total = psutil.virtual_memory().total
+    budget = options.memory_limit_bytes
+    gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
+    if live is None:
+        workers = options.cluster.workers or 1
+        cores = psutil.cpu_count() or 1
+        # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
+        threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
+        limit = budget or total // workers
+    else:
+        workers, threads = live["workers"], live["threads"]
+        limit = min(x for x in (budget, live["memory_limit"] or total) if x)
+    forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
+    plan = plan_matmul(
+        a,
+        b,
+        cache_fraction=settings.get("cache-fraction"),
+        limits=PlanLimits(max_tasks=settings.get("max-tasks")),
+        backend=backend,
+        workers=workers,
+        threads_per_worker=threads,
+        memory_limit_bytes=limit,
+        tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
+        device=device_model(options, live, backend) if gpu else None,
+        decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
+        output=options.output,
+        transposed=transposed,
+        symmetric=symmetric,
+        costs=host_costs(),
+    )
+    return replace(plan, precision=options.precision)
+
+
+def check_job_precision(requested: str, resolved: str | None, dtype: str, precision: str) -> None:
+    """UsageError (one line: what, the fix) unless the job's backend computes ``dtype`` at
+    ``precision``. ``resolved``: None before the workers are asked, when "auto" is checked
+    for what the GPU backend it may become needs."""
+    if requested == AUTO and resolved == CPU and precision in PRECISIONS[1:]:
+        raise UsageError(
+            f"--precision {precision} runs on tensor cores, but --backend auto chose cpu (not "
+            "a GPU on every worker, or not float32 data); use --precision fp32, or workers "
+            f"with GPUs and --backend {AUTO_GPU}"
+        )
+    backend = resolved or (AUTO_GPU if requested == AUTO else requested)
+    try:
+        check_precision(backend, dtype, precision)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def fingerprint(
+    plan: MatmulPlan, inputs_digest: str = "", factors: dict[str, Any] | None = None
+) -> str:
+    """Digest of what decides the output's bytes: the inputs (shapes, chunks, dtypes, metadata)
+    and the tiling, and OUT's layout (dtype, chunks, shards): --resume refuses another one.
+    Unset fields are left out, so the digests of plans without them did not change."""
+    key = {
+        "inputs": inputs_digest,
+        "a": _key(plan.a, inputs=True),
+        "b": _key(plan.b, inputs=True),
+        "out": _key(plan.out),
+        "tile": plan.tile_shape,
+        "panels": list(plan.k_panels),  # the old digest's list (at most MAX_PANELS)
+        **(factors or {}),  # --alpha, --beta, --accumulate: only when set
+        **attributes(plan.transposed, plan.symmetric),  # transposes, gram: only when set
+        # fp32 left out, so the digests of plans before --precision did not change
+        **({"precision": plan.precision} if plan.precision != "fp32" else {}),
+    }
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _key(spec: ArraySpec, inputs: bool = False) -> dict[str, Any]:
+    """An ArraySpec for the fingerprint: an input's shards are in the metadata digest already."""
+    skip = ("shards",) if inputs else ()
+    return {k: v for k, v in asdict(spec).items() if v is not None and k not in skip}

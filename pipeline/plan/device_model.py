@@ -1,0 +1,160 @@
+"""The GPU side of the plan (pure): a device's memory and rates, and the modelled seconds each
+resource — storage, host decode, host→device copies, the kernel, the output write — spends
+on a plan. The stages overlap in the staged engine, so the busiest resource bounds the run.
+
+The device classes below are planning defaults, not measurements of ours: they come from the
+vendor's figures (NVIDIA's datasheets: H100 PCIe FP32 ≈ 51 TFLOP/s peak, cuBLAS SGEMM ≈ 47, FP64 ≈ 26,
+≈ 50 GB/s pinned host→device). A live job replaces them with a calibration on its workers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kernels.memory.buffers import group_bytes
+from pipeline.plan.costs import CostModel
+from pipeline.plan.fitted_costs import COSTS
+
+DECODE_BYTES_PER_SECOND = 0.6e9
+"""Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
+DEVICE_DECODE_BYTES_PER_SECOND = 50e9
+"""zstd decoded on the device (nvCOMP), in decoded bytes/s: an assumption, never measured here
+(no GPU); the emulated device's default is the same."""
+DEVICE_SLOTS = 2
+"""Panel pairs resident on the device: one being copied in while the other is multiplied."""
+STAGED_PANELS = 1
+"""Panel pairs decoded ahead of the one on its way to the device, in pinned host memory, per
+task (the engine's depth). A staging buffer comes back as soon as its fast copy is done, so
+one ahead keeps the decode threads busy; a second bought nothing warm and cost a cold job
+(8192² emulated, 2-core EPYC: window 1.24 -> 1.0 s median of 8) in fresh pinned pages."""
+
+
+@dataclass(frozen=True)
+class DeviceModel:
+    """One worker's GPU, as the planner sees it."""
+
+    name: str
+    memory_bytes: int
+    """Device memory a worker's tasks may use, in bytes."""
+    float32_flops: float
+    """Peak float32 rate, in flop/s; a backend reaches its ``flops_fraction`` of it."""
+    float64_flops: float
+    """Peak float64 rate, in flop/s."""
+    h2d_bytes_per_second: float
+    """Host→device copy rate from pinned memory (device→host taken as the same)."""
+    source: str
+    """Where the figures come from: "defaults", "calibrated" or "emulated"."""
+    decode_bytes_per_second: float = DEVICE_DECODE_BYTES_PER_SECOND
+    """Decoded bytes per second of zstd decoding on the device (nvCOMP)."""
+    decodes_chunks: bool = False
+    """--gpu-decode: the inputs' zstd chunks are copied compressed and decoded here."""
+
+    def flops(self, dtype: str) -> float:
+        return self.float64_flops if np.dtype(dtype).itemsize >= 8 else self.float32_flops
+
+
+DEVICE_CLASSES = {
+    "h100-pcie": DeviceModel("H100-PCIe", 80 * 2**30, 51e12, 26e12, 50e9, "defaults"),
+    "a100-40gb": DeviceModel("A100-40GB", 40 * 2**30, 19.5e12, 9.7e12, 25e9, "defaults"),
+    "l4": DeviceModel("L4", 24 * 2**30, 30e12, 0.5e12, 25e9, "defaults"),
+}
+"""Named device classes for plans made with no device at hand (--dry-run)."""
+
+
+@dataclass(frozen=True)
+class GpuWork:
+    """A plan's work for one worker (one GPU), in bytes and flops."""
+
+    read_bytes: float
+    """Stored input bytes read and decoded."""
+    copy_bytes: float
+    """Panel bytes copied host→device, plus the result copied back."""
+    flops: float
+    write_bytes: float
+    """Output bytes encoded and written."""
+    read_chunks: float = 0.0
+    """Stored input chunks fetched and decoded (each pays a fixed cost: plan.costs)."""
+    decoded_bytes: float = 0.0
+    """Their bytes decoded, whole chunks (0: ``read_bytes``)."""
+    write_chunks: float = 0.0
+    """OUT's chunks encoded and written."""
+
+
+def resource_seconds(
+    work: GpuWork,
+    device: DeviceModel,
+    flops_fraction: float,
+    compute_dtype: str,
+    decode_threads: int,
+    costs: CostModel | None = None,
+) -> dict[str, float]:
+    """Modelled busy seconds of each resource of one worker (``costs``: the host's, default
+    the calibration's)."""
+    costs = costs or COSTS
+    kernel = work.flops / (device.flops(compute_dtype) * flops_fraction)
+    if device.decodes_chunks:  # the host only reads; decoding shares the device with the gemms
+        kernel += work.read_bytes / device.decode_bytes_per_second
+    threads = max(decode_threads, 1)
+    decoded = work.decoded_bytes or work.read_bytes
+    fetched = costs.read.seconds(work.read_chunks, decoded)
+    stored = costs.encode.seconds(work.write_chunks, work.write_bytes)
+    stored += costs.write.seconds(work.write_chunks, work.write_bytes)
+    return {
+        "storage": fetched / threads,  # calibrated (pipeline.plan.fitted_costs)
+        "decode": 0.0
+        if device.decodes_chunks
+        else costs.decode.seconds(work.read_chunks, decoded) / threads,
+        "host-to-device": work.copy_bytes / device.h2d_bytes_per_second,
+        "kernel": kernel,
+        "write": stored / threads,
+    }
+
+
+def gpu_task_bytes(
+    *,
+    tile_shape: tuple[int, int],
+    panel_width: int,
+    dtypes: tuple[str, str, str, str],
+    band_rows: int,
+) -> tuple[int, int]:
+    """Host (pinned staging) and device bytes of one staged GPU tile task.
+
+    Host: STAGED_PANELS + 1 panel pairs decoded in the stored dtype and, when it differs, cast to
+    the compute dtype; for the last panel the engine's two band buffers, the copies handed to
+    the writer (one being written, one being made) and the cast for writing. The accumulator
+    lives on the device. Device: the accumulator and DEVICE_SLOTS panel pairs.
+    """
+    tm, tn = tile_shape
+    a_dtype, b_dtype, compute, out = (np.dtype(d) for d in dtypes)
+    c = compute.itemsize
+    a_item = a_dtype.itemsize + (c if a_dtype != compute else 0)
+    b_item = b_dtype.itemsize + (c if b_dtype != compute else 0)
+    staged = (STAGED_PANELS + 1) * (tm * a_item + tn * b_item) * panel_width  # + the one copying
+    band = band_rows * tn * (4 * c + out.itemsize)
+    device = tm * tn * c + DEVICE_SLOTS * (tm + tn) * panel_width * c
+    return staged + band, device
+
+
+def staging_pool_bytes(
+    *, tile_shape: tuple[int, int], panel_width: int, compute_dtype: str, band_rows: int, tasks: int
+) -> int:
+    """The budget of a worker's pinned staging pool: what its ``tasks`` staged engines lease at
+    most at once, each STAGED_PANELS + 1 panel pairs and the last panel's two band buffers in
+    the compute dtype, sized as the pool sizes its leases."""
+    tm, tn = tile_shape
+    pair = group_bytes([((tm, panel_width), compute_dtype), ((panel_width, tn), compute_dtype)])
+    bands = group_bytes([((band_rows, tn), compute_dtype)] * 2)
+    return tasks * ((STAGED_PANELS + 1) * pair + bands)
+
+
+def makespan(seconds: dict[str, float], fill_seconds: float) -> float:
+    """Overlapped stages: the busiest resource, plus filling and draining the pipeline."""
+    return max(seconds.values(), default=0.0) + fill_seconds
+
+
+def default_decode_threads(cores: int, workers: int) -> int:
+    """Host cores per GPU worker decode panels (one worker per GPU on a box)."""
+    return max(math.floor(cores / max(workers, 1)), 1)

@@ -1,0 +1,291 @@
+"""Human-readable text: the plan (--dry-run), the end-of-run summary, verify's outcome; and
+distributed's performance report of a run (--report)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from pipeline.cputime import ROWS
+from pipeline.plan.gpu_candidate import panel_decode_rate
+from pipeline.plan.matmul import MatmulPlan, cpu_resource_seconds
+from pipeline.plan.units import format_bytes
+
+if TYPE_CHECKING:
+    from pipeline.options import MultiplyResult
+    from pipeline.verify.check import VerifyResult
+
+
+def format_plan(plan: MatmulPlan) -> str:
+    (m, k), n = plan.a.shape, plan.b.shape[1]
+    rows, cols = plan.grid
+    panels = plan.k_panels
+    lines = [
+        (
+            "product",
+            f"{_operation(plan)}{m}x{k} @ {k}x{n} -> {m}x{n} {plan.out.dtype} "
+            f"(accumulate in {plan.compute_dtype})",
+        ),
+        ("precision", _precision(plan)),
+        (
+            "input chunks",
+            f"A {plan.a.chunks[0]}x{plan.a.chunks[1]}, B {plan.b.chunks[0]}x{plan.b.chunks[1]}",
+        ),
+        ("output chunks", _layout(plan)),
+        ("tiles", f"{plan.n_tiles} ({rows}x{cols}) of {plan.tile_shape[0]}x{plan.tile_shape[1]}"),
+        (
+            "K panels",
+            f"{len(panels)} per tile, width {panels.narrowest}-{panels.widest}",
+        ),
+        ("split-K", f"{plan.split_k} group(s) per tile, {plan.n_tasks} product task(s)"),
+        (
+            "workers",
+            f"{plan.workers} x {plan.threads_per_worker} thread(s), "
+            f"{format_bytes(plan.memory_limit_bytes)} each",
+        ),
+        ("memory per task", _task_memory(plan)),
+        ("memory per worker", format_bytes(plan.worker_bytes)),
+        ("flops", f"{plan.flops:.3e}"),
+        ("estimated time", _estimate(plan)),
+        ("modelled seconds", _resources(plan)),
+        (
+            "planned reads",
+            f"{format_bytes(plan.read_bytes)} = "
+            f"{_ratio(plan.read_bytes, plan.lower_bound_read_bytes)} x lower bound "
+            f"{format_bytes(plan.lower_bound_read_bytes)} (compulsory "
+            f"{format_bytes(plan.compulsory_read_bytes)})",
+        ),
+    ]
+    width = max(len(name) for name, _ in lines)
+    table = "\n".join(f"{name:<{width}}  {value}" for name, value in lines)
+    return f"{table}\nbound by: {plan.bound_by}"
+
+
+def _operation(plan: MatmulPlan) -> str:
+    """How the operands are used, when not plainly A @ B."""
+    ta, tb = plan.transposed
+    if plan.symmetric:
+        return f"Gram {'Xᵀ·X' if ta else 'X·Xᵀ'} (tiles on and above the diagonal), "
+    if ta or tb:
+        return f"{'Aᵀ' if ta else 'A'} @ {'Bᵀ' if tb else 'B'}: "
+    return ""
+
+
+PRECISION_TEXT = {
+    "fp32": "the dtype's own arithmetic",
+    "tf32": "tensor cores, factors rounded to TF32: ~2^-10 relative per product",
+    "3xtf32": "tensor cores, three TF32 products per step (float32-class accuracy)",
+}
+
+
+def _precision(plan: MatmulPlan) -> str:
+    """The arithmetic asked for; tensor-core rates are not modelled (unmeasured here)."""
+    text = f"{plan.precision} ({PRECISION_TEXT[plan.precision]})"
+    if plan.precision != "fp32" and plan.device is not None:
+        text += "; time modelled at the fp32 rate"
+    return text
+
+
+def _task_memory(plan: MatmulPlan) -> str:
+    if plan.device is None:
+        return (
+            f"{format_bytes(plan.task_bytes)} host, "
+            f"{format_bytes(plan.device_bytes)} device (if run on a GPU)"
+        )
+    return (
+        f"{format_bytes(plan.task_bytes)} host (pinned staging), "
+        f"{format_bytes(plan.device_bytes)} device of {format_bytes(plan.device.memory_bytes)}"
+    )
+
+
+def _estimate(plan: MatmulPlan) -> str:
+    costs = plan.cost_model
+    total = f"{plan.estimated_seconds + costs.setup_seconds:.1f} s on this cluster"
+    if plan.device is None:
+        decode = 1 / (costs.read.per_byte + costs.decode.per_byte)
+        return (
+            f"{total} (CPU model calibrated on {costs.machine}: "
+            f"{costs.flops_per_second / 1e9:.0f} GFLOP/s and "
+            f"{decode / 1e9:.1f} GB/s read and decode per thread, plus a cost per chunk)"
+        )
+    d = plan.device
+    return (
+        f"{total} ({d.name} {d.source}: "
+        f"{d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s peak, "
+        f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped"
+        + (
+            f"; zstd decoded on the device at {panel_decode_rate(plan, d) / 1e9:.1f} GB/s "
+            f"(a frame per chunk, one thread block each; {d.decode_bytes_per_second / 1e9:.0f} "
+            "GB/s peak, assumed), counted in the kernel's time)"
+            if d.decodes_chunks
+            else ")"
+        )
+    )
+
+
+def _resources(plan: MatmulPlan) -> str:
+    seconds = plan.resource_seconds or cpu_resource_seconds(plan)
+    where = "per worker" if plan.device is not None else "thread-seconds per worker"
+    terms = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
+    setup = plan.cost_model.setup_seconds
+    return f"{terms} ({where}); setup {setup:.2f} (interpreter, cluster, OUT)"
+
+
+def format_summary(result: MultiplyResult) -> str:
+    seconds = max(result.seconds, 1e-9)
+    plan = result.plan
+    verified = {None: "not run", True: "passed", False: "FAILED"}[result.verified]
+    computed = plan.flops * result.tiles_computed // max(plan.n_tiles, 1)  # skipped: not ours
+    return (
+        f"done: {result.shape[0]}x{result.shape[1]} {result.dtype} in {result.seconds:.2f} s "
+        f"({computed / seconds / 1e9:.1f} GFLOP/s, backend {result.backend}, "
+        f"precision {plan.precision}); "
+        f"tiles computed {result.tiles_computed}, skipped {result.tiles_skipped}; "
+        f"read {format_bytes(result.bytes_read)} "
+        f"({_ratio(result.bytes_read, plan.lower_bound_read_bytes)} x lower bound); "
+        f"verify {verified}"
+    )
+
+
+def _layout(plan: MatmulPlan) -> str:
+    (r, c), shards = plan.out.chunks, plan.out.shards
+    return f"{r}x{c}" + (f" in shards of {shards[0]}x{shards[1]}" if shards else "")
+
+
+def format_accounting(result: MultiplyResult) -> str:
+    """Where the tile tasks' time went (thread-seconds), what the workers' processes used, and
+    their CPU-seconds by kind (pipeline.cputime: the kinds sum to user + system)."""
+    phases = ", ".join(f"{k} {v:.3f}" for k, v in result.phases.items())  # tiny jobs: ms
+    usage = result.usage
+    cpu = (
+        f"workers' CPU: user {usage['user_seconds']:.2f} s, system {usage['system_seconds']:.2f}"
+        f" s, {int(usage['page_faults'])} page faults"
+        if usage
+        else "workers' CPU: not measured"
+    )
+    kinds = ", ".join(f"{row} {usage[f'cpu_{row}']:.2f}" for row in ROWS if f"cpu_{row}" in usage)
+    split = f"; CPU-seconds by kind: {kinds}" if kinds else ""
+    return f"time: thread-seconds {phases or 'none'}; {cpu}{split}"
+
+
+def format_verify(result: VerifyResult) -> str:
+    """verify's line on stdout; non-finite counts are added when there are any."""
+    status = "ok" if result.passed else "FAILED"
+    worst = (
+        f"worst residual/tolerance {result.worst_ratio:.3g} at row {result.worst_row}"
+        if result.worst_row >= 0
+        else "no finite row to check"
+    )
+    line = f"verify {status}: {result.rounds} round(s), {worst}"
+    if result.asymmetric is not None:  # a Gram product's
+        line += f"; {result.asymmetric} element(s) differ from their mirror"
+    if result.finite_inputs and result.pattern_matches:
+        return line
+    a = _nonfinite(result.a_nonfinite, result.a_nonfinite_rows, "row")
+    b = _nonfinite(result.b_nonfinite, result.b_nonfinite_columns, "column")
+    pattern = "matches" if result.pattern_matches else "differs"
+    finite = "FAILED" if _finite_part_failed(result) else "verified"
+    return (
+        f"{line}; A has {a}, B has {b}; C's non-finite pattern {pattern}; the finite part {finite}"
+    )
+
+
+def format_verify_error(result: VerifyResult) -> str:
+    """The one ``error:`` line of a failed verify: what differs, where, and what to do."""
+    problems = [_unexpected(result)] if result.c_unexpected else []
+    if result.c_missing:
+        problems.append(
+            f"C has {result.c_missing} finite value(s) where a non-finite row of A or column "
+            "of B makes the product non-finite"
+        )
+    if result.first_mismatch is not None:
+        problems.append(
+            f"first at row {result.first_mismatch[0]}, column {result.first_mismatch[1]}"
+        )
+    if result.asymmetric:
+        problems.append(f"{result.asymmetric} element(s) differ from their mirror in Cᵀ")
+    if _finite_part_failed(result):
+        problems.append(
+            f"worst residual/tolerance {result.worst_ratio:.3g} at row {result.worst_row}"
+        )
+    blocks = ", ".join(f"{r0}:{r1}" for r0, r1 in result.failing_row_blocks[:10])
+    more = (
+        f" and {len(result.failing_row_blocks) - 10} more"
+        if len(result.failing_row_blocks) > 10
+        else ""
+    )
+    return (
+        f"C != A @ B in row block(s) {blocks}{more}: {'; '.join(problems)}; recompute C with "
+        "`python -m pipeline multiply A B C --overwrite`"
+    )
+
+
+def report_context(
+    path: str | None, storage_options: dict[str, Any] | None = None
+) -> contextlib.AbstractContextManager[Any]:
+    """distributed's performance report of what runs inside, saved as self-contained HTML at
+    ``path`` (Bokeh's JavaScript inlined: it opens offline); nothing when ``path`` is None.
+    Needs a default distributed Client, like ``performance_report``."""
+    if not path:
+        return contextlib.nullcontext()
+    return _report(path, storage_options)
+
+
+@contextlib.contextmanager
+def _report(path: str, storage_options: dict[str, Any] | None) -> Iterator[None]:
+    from distributed import performance_report
+
+    from pipeline.store.report_file import staged
+
+    with (
+        staged(path) as target,
+        performance_report(filename=target, mode="inline", storage_options=storage_options),
+    ):
+        yield
+
+
+def add_to_report(
+    path: str, result: MultiplyResult, storage_options: dict[str, Any] | None = None
+) -> None:
+    """Put the job's accounting (thread-seconds per phase, the workers' CPU and page faults)
+    and summary at the top of the saved performance report."""
+    import html
+
+    from pipeline.store.report_file import read_report, write_report
+
+    section = (
+        '<section id="tilegemm-accounting" style="font-family:monospace;padding:8px">'
+        f"<h3>zarr-tilegemm</h3><pre>{html.escape(format_summary(result))}\n"
+        f"{html.escape(format_accounting(result))}</pre></section>"
+    )
+    page = read_report(path, storage_options).decode("utf-8", "replace")
+    at = page.find("<body>")
+    page = page[: at + 6] + section + page[at + 6 :] if at >= 0 else section + page
+    write_report(path, page.encode(), storage_options)
+
+
+def _unexpected(result: VerifyResult) -> str:
+    n, overflow = result.c_unexpected, result.c_overflow
+    head = f"C has {n} non-finite value(s) where A and B imply finite ones"
+    if not overflow:
+        return f"{head}, none of them an overflow (|A_i|·|B_j| is inside C's range): wrong elements"
+    maybe = (
+        f"{overflow} where |A_i|·|B_j| reaches the range of C's dtype, maybe overflows (store A "
+        "and B as float64 to avoid them)"
+    )
+    if overflow == n:
+        return f"{head}: {maybe}"
+    return f"{head}: {maybe}; {n - overflow} that cannot be overflows: wrong elements"
+
+
+def _nonfinite(values: int, lines: int, what: str) -> str:
+    return f"{values} non-finite value(s) in {lines} {what}(s)" if values else "0"
+
+
+def _finite_part_failed(result: VerifyResult) -> bool:
+    return result.worst_row >= 0 and not result.worst_ratio <= 1.0
+
+
+def _ratio(x: int, y: int) -> str:
+    return f"{x / y:.2f}" if y else "n/a"

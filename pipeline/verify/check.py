@@ -1,0 +1,346 @@
+"""Freivalds' check of C == A @ B: compare C·r with A·(B·r) for random ±1 vectors r.
+
+Runs on the cluster in bounded memory: every task (pipeline/verify/tasks.py) streams one
+block over column chunks, in float64. With random signs the rounding errors e_ij of a correct
+row add in quadrature, so row i's residual has standard deviation sqrt(Σ_j e_ij²). Row i passes
+when
+
+    |C·r − A·(B·r)|_i <= TAU · (min(bound_i, noise_i) + verifier_i)
+
+- bound_i = u·√k·‖A_i‖₂·‖B‖_F + u_C·‖C_i‖₂: Higham's probabilistic rounding bound (√k·u·|A||B|
+  per element) summed in quadrature (Cauchy-Schwarz); tight for same-sign data.
+- noise_i = ρ·‖A_i‖₂·‖B‖_F + u_C·‖C_i‖₂: the rounding actually measured on a few rows of C
+  recomputed in float64 (4 rows from each of 4 row blocks): ρ = SAFETY x the largest over
+  them of the robust rms of |error_sj| / (‖A_s‖₂·‖B_j‖₂), from the median, so one wrong element
+  in a sampled row does not inflate it, and normalized per column, so columns of different
+  scales don't fool the median. Tight for zero-mean data, where the bound is ~√k too loose.
+- verifier_i = u64·(√k·‖A_i‖₂·‖B‖_F + √n·‖C_i‖₂): this check's own float64 rounding.
+
+u is the unit roundoff of the accumulator dtype and u_C of C's. A product computed on tensor
+cores (--precision tf32 or 3xtf32, recorded in C's attributes) also rounded every factor to
+u_p = PRECISION_UNIT (2^-11 for TF32): each term a_ik·b_kj is off by at most 2·u_p·|a_ik·b_kj|,
+so c_ij by 2·u_p·‖A_i‖₂·‖B_j‖₂ (Cauchy-Schwarz, whatever K), which bound_i adds as
+2·u_p·‖A_i‖₂·‖B‖_F. A correct product passes with a
+wide margin (measured in tests/pipeline/test_verify.py); a wrong element is caught when its error
+exceeds about TAU·SAFETY times its row's rounding noise.
+
+Non-finite inputs (NaN, ±inf). C_ij = Σ_k A_ik·B_kj is non-finite exactly when a term is (or
+the sum overflows), and a term with a non-finite factor is non-finite (inf·0 = NaN). So a row of
+A holding a non-finite value implies a whole non-finite row of C, and a column of B holding one
+a whole non-finite column. C must be non-finite exactly there; elsewhere a non-finite element is
+an overflow or a wrong element. The check above then runs on the finite part: the other rows
+of A and columns of B, with r set to 0 on the non-finite columns and every non-finite value
+read as 0 once flagged, so no NaN·0 enters a sum. B·r is recomputed with the masked r only
+when B has non-finite columns: all-finite inputs cost no extra pass.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from distributed import Client, Future
+
+from kernels.backends import PRECISIONS
+from pipeline.errors import InputError, JobError, UnfinishedOutputError
+from pipeline.plan.operands import operands
+from pipeline.plan.spec import ArraySpec
+from pipeline.run.client import wait_some
+from pipeline.run.progress import CheckLine
+from pipeline.store import inputs as io
+from pipeline.store.owned import ATTRS_KEY
+from pipeline.verify import symmetry, tasks
+from pipeline.verify.nonfinite import OVERFLOW_MARGIN
+from pipeline.verify.tasks import GAUSSIAN_MAD, SAFETY, TAU, U64, CheckSpec, RowCheck
+
+SAMPLE_BLOCKS, SAMPLE_ROWS = 4, 4
+"""Row blocks of A sampled, and rows of C recomputed exactly in each, to measure its noise."""
+
+__all__ = [
+    "GAUSSIAN_MAD",
+    "OVERFLOW_MARGIN",
+    "SAFETY",
+    "SAMPLE_BLOCKS",
+    "SAMPLE_ROWS",
+    "TAU",
+    "U64",
+    "VerifyResult",
+    "check_shapes",
+    "verify_product",
+]
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    passed: bool
+    rounds: int
+    worst_ratio: float
+    """Largest residual / tolerance over the checked rows and all rounds (passes when <= 1):
+    rows of A that are finite and whose row of C holds no unexpected (non-)finite element."""
+    worst_row: int
+    """Row of worst_ratio; -1 when no row was checked."""
+    failing_row_blocks: tuple[tuple[int, int], ...]
+    """[r0, r1) row ranges that hold at least one failing row."""
+    noise: float = 0.0
+    """Measured rounding noise ρ (rms error of c_ij per unit ‖A_i‖₂·‖B_j‖₂), before SAFETY."""
+    a_nonfinite: int = 0
+    """Non-finite values (NaN, ±inf) in A."""
+    a_nonfinite_rows: int = 0
+    """Rows of A holding one: each implies a whole non-finite row of C."""
+    b_nonfinite: int = 0
+    """Non-finite values in B."""
+    b_nonfinite_columns: int = 0
+    """Columns of B holding one: each implies a whole non-finite column of C."""
+    c_unexpected: int = 0
+    """Non-finite elements of C where A and B imply a finite one: overflows or wrong elements."""
+    c_overflow: int = 0
+    """Of c_unexpected, those whose bound ‖A_i‖₂·‖B_j‖₂ reaches C's range: maybe an overflow."""
+    c_missing: int = 0
+    """Finite elements of C where a non-finite row of A or column of B implies non-finite."""
+    first_mismatch: tuple[int, int] | None = None
+    """(row, column) of the first element of C whose finiteness differs from the implied one."""
+    asymmetric: int | None = None
+    """A Gram product's elements not bitwise equal to their mirror (None: not one)."""
+
+    @property
+    def pattern_matches(self) -> bool:
+        """C is non-finite exactly on the rows and columns the inputs imply."""
+        return self.c_unexpected == 0 and self.c_missing == 0
+
+    @property
+    def finite_inputs(self) -> bool:
+        return self.a_nonfinite == 0 and self.b_nonfinite == 0
+
+
+def verify_product(
+    client: Client,
+    a_url: str,
+    b_url: str,
+    c_url: str,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    rounds: int = 2,
+    seed: int = 0,
+    progress: bool = False,
+    transpose_a: bool | None = None,
+    transpose_b: bool | None = None,
+    alpha: float | None = None,
+    c_old: tuple[str, float] | None = None,
+    precision: str | None = None,
+) -> VerifyResult:
+    """Check C == α·op(A)·op(B) (+ β·C_old: ``c_old`` = (its URL, β), after --accumulate);
+    the transposes, α and the precision (the tolerance's) default to those C's attributes
+    record (fp32 for a C without ours), and a Gram product's C (recorded symmetric) must also
+    equal its transpose bitwise."""
+    options = dict(storage_options or {})
+    given = (transpose_a, transpose_b)
+    (a, b, c), transposed, symmetric = check_operation(a_url, b_url, c_url, options, given)
+    alpha = _recorded_alpha(c_url, options) if alpha is None else alpha
+    precision = precision or _recorded_precision(c_url, options)
+    scaled = None
+    if c_old is not None or alpha != 1:
+        old_url, beta = c_old if c_old is not None else (None, 0.0)
+        scaled = (old_url, float(alpha), float(beta))
+    rng = np.random.default_rng(seed)
+    r = rng.choice(np.array([-1.0, 1.0]), size=(b.shape[1], rounds))
+    sample = _sample_rows(rng, a.shape[0], a.chunks[0])
+    job = CheckSpec(
+        (a_url, b_url, c_url),
+        options,
+        (a, b, c),
+        r,
+        sample,
+        transposed,
+        scaled,
+        precision,
+    )
+    run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
+    line = CheckLine(progress)
+    try:
+        mirrors = symmetry.submit(client, job, run) if symmetric else None
+        result = _check(client, job, run, line)
+        return symmetry.add(result, mirrors) if mirrors else result
+    finally:
+        line.close()
+
+
+def _check(client: Client, job: CheckSpec, run: str, line: CheckLine) -> VerifyResult:
+    a, _, c = job.specs
+    m = a.shape[0]
+    rows = [(r0, min(r0 + a.chunks[0], m)) for r0 in range(0, m, a.chunks[0])]
+    row_bytes = a.shape[1] * _itemsize(a) + c.shape[1] * _itemsize(c)
+    line.expect(len(rows), m * row_bytes)
+    ref, b_counts = _submit_reference(client, job, run, line)
+    noise = client.submit(tasks.measure_noise, job, ref, key=f"verify-noise-{run}")
+    checks = []
+    for rr in rows:
+        key = f"verify-rows-{run}-{rr[0]}"
+        checks.append(client.submit(tasks.check_rows, job, rr, ref, noise, key=key))
+        line.watch(checks[-1], (rr[1] - rr[0]) * row_bytes, expected=True)
+    _wait_for([*checks, noise], line)
+    outcomes: list[RowCheck] = client.gather(checks)
+    rounds = job.r.shape[1]
+    return _summarize(outcomes, rows, rounds, float(noise.result()) / SAFETY, b_counts)
+
+
+def _itemsize(spec: ArraySpec) -> int:
+    return np.dtype(spec.dtype).itemsize
+
+
+def _submit_reference(
+    client: Client, job: CheckSpec, run: str, line: CheckLine
+) -> tuple[Future[Any], tuple[int, int]]:
+    """(future of the reference, (non-finite values, columns holding one) of B): one pass over
+    B, and a second with r masked only when B has non-finite columns."""
+    (k, _), (kc, _) = job.specs[1].shape, job.specs[1].chunks
+    blocks = [(k0, min(k0 + kc, k)) for k0 in range(0, k, kc)]
+    parts = [client.submit(tasks.b_pass, job, ks, key=f"verify-b-{run}-{ks[0]}") for ks in blocks]
+    row_bytes = job.specs[1].shape[1] * _itemsize(job.specs[1])
+    for part, ks in zip(parts, blocks, strict=True):
+        line.watch(part, (ks[1] - ks[0]) * row_bytes)
+    ref = client.submit(tasks.reference, job, parts, key=f"verify-ref-{run}")
+    counted = client.submit(tasks.count_b, ref, key=f"verify-b-count-{run}")
+    _wait_for([counted], line)
+    b_counts: tuple[int, int] = counted.result()
+    if b_counts[1]:
+        bad = client.submit(tasks.nonfinite_columns, ref, key=f"verify-b-bad-{run}")
+        masked = [
+            client.submit(tasks.b_masked_pass, job, ks, bad, key=f"verify-b-masked-{run}-{ks[0]}")
+            for ks in blocks
+        ]
+        for part, ks in zip(masked, blocks, strict=True):
+            line.watch(part, (ks[1] - ks[0]) * row_bytes)
+        ref = client.submit(tasks.with_br, ref, masked, key=f"verify-ref-masked-{run}")
+    return ref, b_counts
+
+
+def _wait_for(futures: list[Future[Any]], line: CheckLine) -> None:
+    """Wait for ``futures``, redrawing the line every half second and as they finish."""
+    pending = set(futures)
+    while pending:
+        pending = wait_some(pending)[1]
+        line.update()
+    failed = [f for f in futures if f.status == "error"]
+    if failed:
+        raise JobError(f"verification task failed: {failed[0].exception()}")
+
+
+def check_shapes(
+    a_url: str,
+    b_url: str,
+    c_url: str,
+    options: dict[str, Any] | None,
+    transposed: tuple[bool | None, bool | None] = (None, None),
+) -> tuple[ArraySpec, ArraySpec, ArraySpec]:
+    """Open A, B and C read-only and refuse shapes that can't be op(A), op(B) and their
+    product; the specs of op(A), op(B) and C."""
+    return check_operation(a_url, b_url, c_url, options, transposed)[0]
+
+
+def check_operation(
+    a_url: str,
+    b_url: str,
+    c_url: str,
+    options: dict[str, Any] | None,
+    given: tuple[bool | None, bool | None] = (None, None),
+) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool]:
+    """``check_shapes``, with the transposes (given, else C's record) and whether C is a
+    Gram product's."""
+    a = io.array_spec(io.open_input(a_url, options, "A"), "A")
+    b = io.array_spec(io.open_input(b_url, options, "B"), "B")
+    c_array = io.open_input(c_url, options, "C")
+    _check_finished(c_array, (a_url, b_url, c_url))
+    transposed, symmetric = symmetry.recorded(c_array, given, c_url)
+    a, b = operands(a, b, transposed)
+    c = io.array_spec(c_array, "C")
+    (m, k), n = a.shape, b.shape[1]
+    if c.shape != (m, n):
+        raise InputError(
+            f"shapes do not match: {'Aᵀ' if transposed[0] else 'A'} {m}x{k}, "
+            f"{'Bᵀ' if transposed[1] else 'B'} {b.shape[0]}x{n}, C {c.shape[0]}x{c.shape[1]}; "
+            f"C must be {m}x{n}"
+        )
+    return (a, b, c), transposed, symmetric
+
+
+def _recorded_alpha(c_url: str, options: dict[str, Any]) -> float:
+    """The α a product of ours was scaled by (``--alpha``; 1 when none is recorded)."""
+    ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
+    return float(ours.get("alpha", 1.0)) if isinstance(ours, dict) else 1.0
+
+
+def _recorded_precision(c_url: str, options: dict[str, Any]) -> str:
+    """The precision a product of ours was computed at (``--precision``; fp32 when none is
+    recorded, as before the option)."""
+    ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
+    found = ours.get("precision", "fp32") if isinstance(ours, dict) else "fp32"
+    if found not in PRECISIONS:
+        raise InputError(
+            f"C records precision {found!r}, not one of {', '.join(PRECISIONS)}; pass "
+            "--precision to say which it was computed at"
+        )
+    return str(found)
+
+
+def _check_finished(c: Any, urls: tuple[str, str, str]) -> None:
+    """Refuse a C this tool started and has not finished: its unwritten tiles would be
+    reported as wrong elements. A C without our attributes is checked as given."""
+    ours = dict(c.attrs).get(ATTRS_KEY)
+    if isinstance(ours, dict) and ours.get("complete") is False:
+        raise UnfinishedOutputError(
+            f"C ({urls[2]}) is a product `multiply` has not finished writing (its "
+            f"{ATTRS_KEY}.complete attribute is false), so its unwritten tiles would be "
+            f"reported as wrong; finish it with `python -m pipeline multiply {' '.join(urls)} "
+            "--resume`, then verify"
+        )
+
+
+def _summarize(
+    outcomes: list[RowCheck],
+    rows: list[tuple[int, int]],
+    rounds: int,
+    noise: float,
+    b_counts: tuple[int, int],
+) -> VerifyResult:
+    worst, worst_row, failing = -1.0, -1, []
+    firsts = [o.first_mismatch for o in outcomes if o.first_mismatch is not None]
+    for (r0, r1), outcome in zip(rows, outcomes, strict=True):
+        ratio = outcome.ratios
+        checked = (outcome.a_counts == 0) & ~outcome.mismatched
+        if checked.any():
+            i = int(np.argmax(np.where(checked, ratio, -1.0)))
+            if ratio[i] > worst or not np.isfinite(ratio[i]):
+                worst, worst_row = float(ratio[i]), r0 + i
+        if not np.all(ratio <= 1.0) or outcome.mismatched.any():  # NaN fails too
+            failing.append((r0, r1))
+    a_counts = [o.a_counts for o in outcomes]
+    return VerifyResult(
+        passed=not failing,
+        rounds=rounds,
+        worst_ratio=max(worst, 0.0),
+        worst_row=worst_row,
+        failing_row_blocks=tuple(failing),
+        noise=noise,
+        a_nonfinite=int(sum(int(c.sum()) for c in a_counts)),
+        a_nonfinite_rows=int(sum(int((c > 0).sum()) for c in a_counts)),
+        b_nonfinite=b_counts[0],
+        b_nonfinite_columns=b_counts[1],
+        c_unexpected=sum(o.unexpected for o in outcomes),
+        c_overflow=sum(o.overflow for o in outcomes),
+        c_missing=sum(o.missing for o in outcomes),
+        first_mismatch=min(firsts) if firsts else None,
+    )
+
+
+def _sample_rows(rng: np.random.Generator, m: int, row_chunk: int) -> list[tuple[int, int]]:
+    """A few consecutive rows from each of a few row chunks of A (one chunk row read each)."""
+    blocks = list(range(0, m, row_chunk))
+    chosen = sorted(rng.choice(len(blocks), size=min(SAMPLE_BLOCKS, len(blocks)), replace=False))
+    ranges = []
+    for index in chosen:
+        start, stop = blocks[index], min(blocks[index] + row_chunk, m)
+        first = int(rng.integers(start, max(stop - SAMPLE_ROWS, start) + 1))
+        ranges.append((first, min(first + SAMPLE_ROWS, stop)))
+    return ranges

@@ -1,0 +1,54 @@
+"""Verify's side of a Gram product: which operation C records, and the check that C equals
+its transpose bitwise (one more read of C, beside Freivalds' reads of X twice and C once)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from distributed import Client, Future
+
+from pipeline.errors import UsageError
+from pipeline.store.owned import ATTRS_KEY
+from pipeline.verify import tasks
+
+FLAGS = ("transpose_a", "transpose_b")
+
+
+def recorded(
+    c: Any, given: tuple[bool | None, bool | None], url: str
+) -> tuple[tuple[bool, bool], bool]:
+    """(the transposes, symmetric) of the product C holds: as given, else as C's attributes
+    record them; a given transpose that differs from C's record is refused."""
+    ours = dict(c.attrs).get(ATTRS_KEY)
+    ours = ours if isinstance(ours, dict) else {}
+    record = (bool(ours.get(FLAGS[0])), bool(ours.get(FLAGS[1])))
+    chosen = (
+        record[0] if given[0] is None else bool(given[0]),
+        record[1] if given[1] is None else bool(given[1]),
+    )
+    if "fingerprint" in ours and chosen != record:
+        raise UsageError(
+            f"C ({url}) records the product {_text(record)} (its {ATTRS_KEY} attributes), not "
+            f"{_text(chosen)}; drop the --transpose flags (verify reads them from C)"
+        )
+    return chosen, bool(ours.get("symmetric"))
+
+
+def submit(client: Client, job: tasks.CheckSpec, run: str) -> list[Future[Any]]:
+    """One task per row block of C: its elements right of the diagonal against their mirror."""
+    m, step = job.specs[2].shape[0], job.specs[2].chunks[0]
+    return [
+        client.submit(tasks.asymmetric, job, (r0, min(r0 + step, m)), key=f"verify-sym-{run}-{r0}")
+        for r0 in range(0, m, step)
+    ]
+
+
+def add(result: Any, futures: list[Future[Any]]) -> Any:
+    """``result`` with the elements not equal to their mirror counted; any fails it."""
+    found = sum(int(f.result()) for f in futures)
+    return dataclasses.replace(result, asymmetric=found, passed=result.passed and found == 0)
+
+
+def _text(transposed: tuple[bool, bool]) -> str:
+    return f"{'Aᵀ' if transposed[0] else 'A'}·{'Bᵀ' if transposed[1] else 'B'}"
