@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 from kernels.constants import MAX_DIM
 from kernels.cuda import tiled
 from kernels.cuda.blocked import kernel as blocked
+from kernels.cuda.blocked.spec import F32_SPEC, F64_SPEC, BlockedSpec
 from kernels.cuda.launch import LaunchConfig, tiled_launch
 from kernels.cuda.tensor import kernel as tf32
 from kernels.cuda.toolkit import check_link
@@ -65,7 +66,7 @@ def _tiled_variant(dtype: type, default: bool) -> KernelVariant:
     )
 
 
-def _blocked_variant(spec: blocked.BlockedSpec, default: bool) -> KernelVariant:
+def _blocked_variant(spec: BlockedSpec, default: bool) -> KernelVariant:
     return KernelVariant(
         name=f"blocked_{spec.dtype}",
         dtype=np.dtype(spec.dtype),
@@ -100,8 +101,8 @@ VARIANTS: dict[str, KernelVariant] = {
     for v in (
         _tiled_variant(np.float32, default=False),
         _tiled_variant(np.float64, default=False),
-        _blocked_variant(blocked.F32_SPEC, default=True),
-        _blocked_variant(blocked.F64_SPEC, default=True),
+        _blocked_variant(F32_SPEC, default=True),
+        _blocked_variant(F64_SPEC, default=True),
         *(_mma_variant(spec) for spec in tf32.SPECS.values()),
     )
 }

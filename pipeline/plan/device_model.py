@@ -3,8 +3,8 @@ resource — storage, host decode, host→device copies, the kernel, the output 
 on a plan. The stages overlap in the staged engine, so the busiest resource bounds the run.
 
 The device classes below are planning defaults, not measurements of ours: they come from the
-vendor's figures (NVIDIA's datasheets: H100 PCIe FP32 ≈ 51 TFLOP/s peak, cuBLAS SGEMM ≈ 47, FP64 ≈ 26,
-≈ 50 GB/s pinned host→device). A live job replaces them with a calibration on its workers.
+vendor's figures (NVIDIA's datasheets: H100 PCIe FP32 ≈ 51 TFLOP/s peak, cuBLAS SGEMM ≈ 47, FP64 ≈
+26, ≈ 50 GB/s pinned host→device). A live job replaces them with a calibration on its workers.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kernels.memory import buffers
+from kernels.memory import allocators, buffers
 from kernels.memory.allocators import host_allocator, numpy_allocator
 from kernels.memory.buffers import PAGE, BufferPool
 
@@ -177,18 +177,18 @@ class _RefusingMap:
     ],
 )
 def test_huge_page_advice_degrades_quietly(target: Any, want: bool) -> None:
-    assert buffers.advise_huge_pages(target) is want
+    assert allocators.advise_huge_pages(target) is want
 
 
 def test_host_allocator_without_madv_hugepage(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delattr(mmap, "MADV_HUGEPAGE", raising=False)
     mem = mmap.mmap(-1, PAGE)
-    assert buffers.advise_huge_pages(mem) is False
+    assert allocators.advise_huge_pages(mem) is False
     assert host_allocator(2 * PAGE).nbytes == 2 * PAGE
 
 
 def test_pinned_allocator_serves_a_pool() -> None:
-    pool = BufferPool(buffers.pinned_allocator, 2 * PAGE)
+    pool = BufferPool(allocators.pinned_allocator, 2 * PAGE)
     with pool.acquire((4, 4), np.float32) as lease:
         lease.array[...] = 1.5
         assert lease.array.sum() == 24

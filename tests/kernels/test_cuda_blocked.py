@@ -14,9 +14,10 @@ import pytest
 
 from kernels.cuda import host as cuda_host
 from kernels.cuda.blocked import kernel as cuda_blocked
+from kernels.cuda.blocked.spec import F32_SPEC, F64_SPEC, BlockedSpec
 from tests.kernels.poisoned import assert_matmul_close, run_poisoned
 
-SPECS = {"float32": cuda_blocked.F32_SPEC, "float64": cuda_blocked.F64_SPEC}
+SPECS = {"float32": F32_SPEC, "float64": F64_SPEC}
 
 needs_cuda = pytest.mark.skipif(
     not cuda_host.cuda_available(), reason="needs a GPU or NUMBA_ENABLE_CUDASIM=1"
@@ -25,7 +26,7 @@ needs_cuda = pytest.mark.skipif(
 tiny_grid = pytest.mark.filterwarnings("ignore:Grid size .* under-utilization")
 
 
-def run_poisoned_spec(spec: cuda_blocked.BlockedSpec, shape: tuple[int, int, int]) -> None:
+def run_poisoned_spec(spec: BlockedSpec, shape: tuple[int, int, int]) -> None:
     m, _, n = shape
     kernel = cuda_blocked.make_blocked_kernel(spec)
     run_poisoned(kernel, cuda_blocked.launch_for(spec, m, n), shape, np.dtype(spec.dtype))
@@ -120,8 +121,8 @@ def test_accumulator_bands_give_the_bytes_of_whole_calls(dtype: str) -> None:
         banded.add(a2[:8], b2, rows=(64, 72))
 
 
-@pytest.mark.parametrize("spec", [cuda_blocked.F32_SPEC, cuda_blocked.F64_SPEC], ids=["f32", "f64"])
-def test_generated_source_shape(spec: cuda_blocked.BlockedSpec) -> None:
+@pytest.mark.parametrize("spec", [F32_SPEC, F64_SPEC], ids=["f32", "f64"])
+def test_generated_source_shape(spec: BlockedSpec) -> None:
     src = cuda_blocked.generate_source(spec)
     compile(src, "<generated>", "exec")  # valid Python
     outputs = (2 * spec.frag) ** 2
@@ -134,7 +135,7 @@ def test_generated_source_shape(spec: cuda_blocked.BlockedSpec) -> None:
 
 
 def test_bad_generator_options_show_in_source() -> None:
-    spec = dataclasses.replace(cuda_blocked.F32_SPEC, index_math="divmod", acc_init="float64")
+    spec = dataclasses.replace(F32_SPEC, index_math="divmod", acc_init="float64")
     src = cuda_blocked.generate_source(spec)
     assert "(tid // 16)" in src and "(tid % 16)" in src
     assert "c0_0 = 0.0" in src
@@ -151,10 +152,10 @@ def test_bad_generator_options_show_in_source() -> None:
 )
 def test_spec_validation(changes: dict[str, Any], match: str) -> None:
     with pytest.raises((ValueError, TypeError), match=match):
-        dataclasses.replace(cuda_blocked.F32_SPEC, **changes)
+        dataclasses.replace(F32_SPEC, **changes)
 
 
 def test_specs_fit_the_targets_on_paper() -> None:
-    assert cuda_blocked.F32_SPEC.shared_bytes <= 48 * 1024
-    assert cuda_blocked.F64_SPEC.shared_bytes <= 48 * 1024
-    assert cuda_blocked.F32_SPEC.launch_bounds == (256, 2)  # 65536 / 512 = 128 registers
+    assert F32_SPEC.shared_bytes <= 48 * 1024
+    assert F64_SPEC.shared_bytes <= 48 * 1024
+    assert F32_SPEC.launch_bounds == (256, 2)  # 65536 / 512 = 128 registers

@@ -27,10 +27,11 @@ import dataclasses, json, sys
 from pathlib import Path
 from kernels.cuda.blocked import kernel as cuda_blocked
 from kernels.inspect import machine_code as ki
+from kernels.cuda.blocked.spec import F32_SPEC
 reports = []
 for name, change in [("bad_acc_float64", {"acc_init": "float64"}),
                      ("bad_divmod_index", {"index_math": "divmod"})]:
-    spec = dataclasses.replace(cuda_blocked.F32_SPEC, **change)
+    spec = dataclasses.replace(F32_SPEC, **change)
     kernel = cuda_blocked.make_blocked_kernel(spec)
     reports.append(ki.inspect_kernel(name, "float32", kernel, (9, 0), Path(sys.argv[1]),
                                      spec.launch_bounds))
