@@ -10,8 +10,8 @@ PACKAGES = ("pipeline", "kernels", "cluster")
 
 def byte_compile() -> None:
     """Byte-compile our packages, as installing a wheel does: a timed CLI start then reads
-    them compiled, as a user's does, even where PYTHONDONTWRITEBYTECODE is set (it was on the
-    machines these figures come from, and compiling cost ~0.15 s a start)."""
+    them compiled, as a user's does, even where PYTHONDONTWRITEBYTECODE is set (compiling at
+    every start would otherwise be timed as the CLI's own)."""
     root = Path(__file__).resolve().parent.parent
     for name in PACKAGES:
         compileall.compile_dir(str(root / name), quiet=1)

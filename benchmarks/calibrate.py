@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dask
 import numpy as np
@@ -43,11 +43,15 @@ from pipeline.facts.host import best_cpu_seconds as best_seconds
 from pipeline.facts.host import best_figures, gemm_rate, measure
 from pipeline.generate import write_random
 from pipeline.plan.costs import ChunkCost, CostModel, HostProbe
+from pipeline.plan.matmul import MatmulPlan, cpu_resource_seconds
 from pipeline.plan.model import grouped
 from pipeline.store.chunks import unsharded as chunk_read
 from pipeline.store.chunks.sizes import decode_exact
 from pipeline.store.inputs import open_input
 from pipeline.store.output import output_compressors
+
+if TYPE_CHECKING:
+    from pipeline.job import MatmulJob
 
 SIDE = 2048
 SIZES = (64, 128, 256, 512, 1024, 2048)
@@ -120,8 +124,8 @@ def output_samples(root: Path, repeats: int) -> tuple[list[Sample], ...]:
 
 def children_cpu() -> float:
     """CPU seconds of this process's finished children and theirs (a CLI run, its workers):
-    an idle machine's wall time for a job that mostly starts up (0.82-0.93 s against a 0.76
-    s wall on a 64² product), where the wall doubles under load."""
+    close to an idle machine's wall time for a job that mostly starts up (a 64² product),
+    where the wall grows under load."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
 
@@ -231,20 +235,15 @@ def scaled(costs: CostModel, group: str, factor: float) -> CostModel:
     )
 
 
-def per_chunk_scaled(costs: CostModel, plan: Any, target: float) -> tuple[CostModel, float]:
+def per_chunk_scaled(costs: CostModel, plan: MatmulPlan, target: float) -> tuple[CostModel, float]:
     """``costs`` with the per-chunk read and decode costs scaled so that ``plan``'s modelled
     decode seconds are ``target`` (the per-byte rates, zstd's streaming speed, are what one
     thread measures in a job too; a job of many small chunks pays per chunk: Python, asyncio
     and cores shared by its threads). Returns the factor applied (the per-byte part alone
     exceeding ``target`` scales both, as ``scaled`` does)."""
-    import pipeline.plan.matmul as matmul
 
     def decode_seconds(c: CostModel) -> float:
-        saved, matmul.COSTS = matmul.COSTS, c
-        try:
-            return grouped(dict(matmul.cpu_resource_seconds(plan)))["decode"]
-        finally:
-            matmul.COSTS = saved
+        return grouped(dict(cpu_resource_seconds(replace(plan, costs=c))))["decode"]
 
     no_bytes = replace(
         costs,
@@ -269,7 +268,6 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
     every thread) are set against the plan's modelled thread-seconds, the group bounding it
     scaled to match (a few rounds: the bound may move). On 2 cores a job's threads share the
     cores, the memory bus and fresh pages, which one thread alone does not see."""
-    import pipeline.plan.matmul as matmul
     from pipeline import prepare
 
     runs = []
@@ -282,9 +280,8 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
     factors = dict.fromkeys(("product", "decode per chunk", "write"), 1.0)
     for _ in range(4):
         for group, a, b, out, cpu in runs:
-            matmul.COSTS, matmul.TASK_OVERHEAD_SECONDS = costs, costs.task_seconds
-            plan = prepare(a, b, out, overwrite=True).plan
-            model = grouped(dict(matmul.cpu_resource_seconds(plan)))
+            plan = planned_with(prepare(a, b, out, overwrite=True), costs)
+            model = grouped(dict(cpu_resource_seconds(plan)))
             bound = max(model, key=lambda k: model[k])
             rest = sum(v for k, v in model.items() if k != bound) * plan.workers
             factor = max(cpu - rest, 1e-3) / max(model[bound] * plan.workers, 1e-3)
@@ -295,6 +292,17 @@ def in_job(costs: CostModel, root: Path, repeats: int) -> tuple[CostModel, dict[
             factors["decode per chunk" if bound == "decode" else bound] *= factor
             print(f"  {group} job: {cpu:.2f} CPU s, bound by {bound}: x{factor:.2f}")
     return costs, factors
+
+
+def planned_with(job: MatmulJob, costs: CostModel) -> MatmulPlan:
+    """``job``'s plan as ``prepare`` makes it, modelled and chosen with ``costs``."""
+    from pipeline.facts.job_plan import plan_for, planning_backend
+
+    store, options = job.store, job.options
+    return plan_for(
+        job.a, job.b, options, job.state, None, planning_backend(options.backend),
+        transposed=store.transposed, symmetric=store.symmetric, costs=costs,
+    )  # fmt: skip
 
 
 def workers_cpu(argv: list[str]) -> float:
@@ -349,9 +357,9 @@ def source(costs: CostModel) -> str:
 
 
 def steady_probe(calls: int = 3) -> HostProbe:
-    """The host probe's best figures over a few calls: one call (itself best of 20) once read
-    half this EPYC's BLAS rate during a transient, which would have scaled every plan on the
-    host by 1.8x."""
+    """The host probe's best figures over a few calls: one call (itself best of 20) can read
+    a fraction of the BLAS rate during a transient, which would scale every plan on the host
+    by as much."""
     return best_figures([measure() for _ in range(calls)])
 
 

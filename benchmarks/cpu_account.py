@@ -8,7 +8,7 @@ the median BLAS: "not the product" is the workers' CPU-seconds less the product 
 ``--baseline DIR`` (another checkout, e.g. ``git archive`` of an older commit) its CLI runs in
 turn with this one's, so both see the same load, and the table has a column for each.
 
-    python -m benchmarks.cpu_account --size 12288 --repeats 2   # the issue's fixed case
+    python -m benchmarks.cpu_account --size 12288 --repeats 2   # the recorded case
     python -m benchmarks.cpu_account --size 8192                # a quicker look
     python -m benchmarks.cpu_account --size 8192 --baseline /tmp/before   # before/after
 """

@@ -1,4 +1,4 @@
-"""The plan's modelled seconds against the clock, on a fixed set of cases (issue 18).
+"""The plan's modelled seconds against the clock, on a fixed set of cases.
 
     python -m benchmarks.model_check [--repeats 3] [--data bench-data/model] [--cases a,b]
 

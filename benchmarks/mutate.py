@@ -1,4 +1,4 @@
-"""Mutation score of the modules whose mistakes users feel (issue 23), each against its own tests.
+"""Mutation score of the modules whose mistakes users feel, each against its own tests.
 
     python -m benchmarks.mutate [--only NAME ...] [--out benchmarks/results/mutation.md]
 

@@ -4,9 +4,9 @@
 
 Times the whole CLI: a fresh ``multiply A B OUT``; then the same job SIGKILLed (its process
 group) once half of OUT's chunks are stored, and ``--resume`` of it. Tiles in flight keep the
-bands they wrote (DESIGN.md, "Resume"), so the resume computes only the rest. Target: resume ≤
-0.6x fresh (issue 18). The job's own seconds (its ``done:`` line) are printed too: both runs
-also pay the same start-up (the interpreter and its imports, about 0.6 s on 2 cores).
+bands they wrote (DESIGN.md, "Journal, resume, lock"), so the resume computes only the rest.
+Target: resume ≤ 0.6x fresh. The job's own seconds (its ``done:`` line) are printed too:
+both runs also pay the same start-up (the interpreter and its imports).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """The local cluster's dashboard, loaded when someone first asks for a page of it.
 
-Importing bokeh and building the dashboard's applications costs about 0.4 CPU-seconds (2-core
-Xeon), which a job nobody watches paid while it ran: on 2 cores, seconds taken from the product.
+Importing bokeh and building the dashboard's applications costs a measurable share of a small
+job's CPU time, which a job nobody watches would pay while it runs: on few cores, time taken
+from the product.
 Until a first request, a placeholder answers every dashboard path with a page that reloads
 itself; that request starts the import in a thread and the dashboard is connected on the event
 loop, in the placeholder's stead, a second or so later.

@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
+import stat
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import dask
+from dask.system import CPU_COUNT
 from distributed import Client
 
 from cluster.dashboard import has_dashboard, serve_when_asked
+from cluster.memory import MemoryLimit
 from cluster.security import (
     ORIGIN_KEY,
     LoopbackWorker,
@@ -35,32 +40,32 @@ CONNECT_TIMEOUT_S = 10
 
 
 def count_gpus() -> int:
-    """GPUs this host can give workers: CUDA_VISIBLE_DEVICES if set, else NVML's count."""
+    """GPUs this host can give workers, as dask-cuda counts them (CUDA_VISIBLE_DEVICES if set,
+    else NVML's count); 0 without dask-cuda, a driver or a device."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    if visible is not None:
-        return len([d for d in visible.split(",") if d.strip()])
+    if visible is not None and not visible.strip():
+        return 0  # set but empty hides every GPU (dask-cuda would count one empty name)
     try:
-        import pynvml
+        from dask_cuda.utils import get_n_gpus
 
-        pynvml.nvmlInit()
-        return int(pynvml.nvmlDeviceGetCount())
-    except Exception:  # noqa: BLE001 - no driver, no library, no device: no GPU
+        return int(get_n_gpus())
+    except Exception:  # noqa: BLE001 - no dask-cuda, driver, library or device: no GPU
         return 0
 
 
 @contextlib.contextmanager
-def start(spec: ClusterSpec, memory_limit_bytes: int | None = None) -> Iterator[Client]:
+def start(spec: ClusterSpec, memory_limit: MemoryLimit | None = None) -> Iterator[Client]:
     """A Client on the cluster the spec asks for; a cluster we started is closed after.
 
-    ``memory_limit_bytes`` caps each local worker (an existing cluster keeps its own limits).
+    ``memory_limit`` caps each local worker, read by distributed as ``dask worker
+    --memory-limit`` reads it (an existing cluster keeps its own limits).
     """
-    if spec.scheduler:
-        with connect(spec.scheduler) as client:
+    if spec.existing:
+        address = spec.scheduler or scheduler_address(spec.scheduler_file or "")
+        with connect(address) as client:
             yield client
         return
-    kind, options = local_cluster_options(
-        spec, count_gpus(), os.cpu_count() or 1, memory_limit_bytes
-    )
+    kind, options = local_cluster_options(spec, count_gpus(), CPU_COUNT, memory_limit)
     # A failed task reaches the user once, as the job's `error:` line; the workers' own
     # "Compute Failed" log (with a traceback) shows only with --debug.
     debug = log.isEnabledFor(logging.DEBUG)
@@ -158,6 +163,49 @@ def connect(address: str) -> Iterator[Client]:
         yield client
     finally:
         client.close()
+
+
+SCHEDULER_FILE_MAX_BYTES = 1 << 16
+"""A scheduler file holds a few hundred bytes of JSON; more is not one."""
+
+
+def scheduler_address(path: str, wait_s: float = CONNECT_TIMEOUT_S) -> str:
+    """The address in the scheduler file at ``path`` (``dask scheduler --scheduler-file``),
+    waiting up to ``wait_s`` for a scheduler being started beside us to write it."""
+    from pipeline.errors import ClusterError
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            info = json.loads(_read_small(path))
+            address = info["address"]
+            if isinstance(address, str) and address:
+                return address
+            raise ValueError("its address is not text")
+        except FileNotFoundError:
+            problem = "does not exist"
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            problem = f"holds no scheduler address ({type(e).__name__}: {e})"
+        if time.monotonic() >= deadline:
+            raise ClusterError(
+                f"scheduler file {path} {problem} after {wait_s:g} s; start the scheduler with "
+                f"`dask scheduler --scheduler-file {path}` (or give --scheduler ADDRESS)"
+            )
+        time.sleep(0.1)
+
+
+def _read_small(path: str) -> bytes:
+    """A regular file's bytes, refused past SCHEDULER_FILE_MAX_BYTES (a FIFO never blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("it is not a regular file")
+        data = os.read(fd, SCHEDULER_FILE_MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > SCHEDULER_FILE_MAX_BYTES:
+        raise ValueError(f"it holds more than {SCHEDULER_FILE_MAX_BYTES} bytes")
+    return data
 
 
 def _resolve(address: str) -> None:

@@ -35,7 +35,7 @@ def check_scratch_dirs(
 ) -> None:
     """Refuse a local cluster whose workers' local directory is one of the local arrays
     ``urls`` (named ``names``) or inside one; a cluster we only join keeps its own."""
-    if cluster.scheduler:
+    if cluster.existing:
         return
     directory, source = scratch_directory()
     for name, url in zip(names, urls, strict=True):

@@ -15,7 +15,10 @@ LOOPBACK = "127.0.0.1"
 @dataclass(frozen=True)
 class ClusterSpec:
     scheduler: str | None = None
-    """Address of an existing scheduler; None starts a local cluster."""
+    """Address of an existing scheduler; None (and no ``scheduler_file``) starts a local one."""
+    scheduler_file: str | None = None
+    """The JSON file an existing scheduler wrote its address to (``dask scheduler
+    --scheduler-file``, dask-jobqueue, dask-mpi): the HPC way to find it."""
     workers: int | None = None
     """Local worker processes; None means one per GPU, or one on a CPU-only machine."""
     threads_per_worker: int | None = None
@@ -24,13 +27,22 @@ class ClusterSpec:
     """HOST:PORT of a local cluster's dashboard; HOST on loopback (empty means 127.0.0.1)."""
 
     def __post_init__(self) -> None:
+        if self.scheduler and self.scheduler_file:
+            raise UsageError(
+                "--scheduler and --scheduler-file both name a scheduler; give one of them"
+            )
         host, port = split_dashboard_address(self.dashboard_address)
-        if self.scheduler is None and not is_loopback(host):
+        if not self.existing and not is_loopback(host):
             raise UsageError(
                 f"dashboard address {self.dashboard_address!r} is not on loopback: a local "
                 "cluster listens on 127.0.0.1 only; give 127.0.0.1:PORT or localhost:PORT and "
                 f"reach it from another machine through SSH: ssh -L {port}:127.0.0.1:{port} HOST"
             )
+
+    @property
+    def existing(self) -> bool:
+        """Join a running scheduler (by address or scheduler file) rather than start one."""
+        return bool(self.scheduler or self.scheduler_file)
 
 
 def split_dashboard_address(address: str) -> tuple[str, int]:
@@ -67,11 +79,12 @@ terminate (95 %) stays: the last guard against a plan that is wrong."""
 
 
 def local_cluster_options(
-    spec: ClusterSpec, gpus: int, cpus: int, memory_limit_bytes: int | None = None
+    spec: ClusterSpec, gpus: int, cpus: int, memory_limit: int | float | str | None = None
 ) -> tuple[str, dict[str, Any]]:
     """("cuda" | "cpu", keyword arguments for LocalCUDACluster | LocalCluster).
 
-    ``memory_limit_bytes`` is per worker; None lets distributed split the machine's memory.
+    ``memory_limit`` is per worker as ``dask worker --memory-limit`` takes it (bytes, a
+    fraction or "auto"); None lets distributed split the machine's memory.
     Several processes talk TLS with credentials made for this cluster (``security=True``:
     ``Security.temporary()``), so other users of the host can't join it or run code on it.
     """
@@ -82,8 +95,8 @@ def local_cluster_options(
         # No bokeh pages on the workers: the scheduler's show every worker, and theirs would
         # take websockets from any origin (their ports are unknown until they start).
         "worker_dashboard_address": None,
-        "memory_limit": memory_limit_bytes or "auto",
-        # Bokeh's import (~0.3 s) would hold up the start: the scheduler's dashboard is
+        "memory_limit": memory_limit or "auto",
+        # Bokeh's slow import would hold up the start: the scheduler's dashboard is
         # attached once the cluster runs, for its own origin only (cluster.lifecycle).
         "scheduler_kwargs": {"dashboard": False},
     }
@@ -108,7 +121,7 @@ def local_cluster_options(
             "threads_per_worker": threads,
             "processes": True,
         }
-    # One worker runs in-process: no spawn (~2 s of start-up) and no pickling of tiles; the
+    # One worker runs in-process: no spawn (seconds of start-up) and no pickling of tiles; the
     # BLAS calls and zarr codecs release the GIL. The in-process transport opens no socket
     # (and takes no host); the worker's HTTP server is put on loopback by cluster.lifecycle.
     options = {**common, "n_workers": 1, "threads_per_worker": threads, "processes": False}

@@ -2,9 +2,9 @@
 
 Decoding a panel allocates and frees tens of MiB of codec buffers; glibc returns freed memory
 to the kernel (trim, or munmap past its mmap threshold), and touching it again costs a page
-fault per 4 KiB — on a VM that reclaims freed pages that cost 2–4 s of system time per job at
-12288² (issue 13). These settings keep it in the process for reuse; the RSS stays at its peak,
-which the memory plan already budgets for. Linux/glibc only; a no-op elsewhere.
+fault per 4 KiB — on a VM that reclaims freed pages, seconds of system time in a large job.
+These settings keep it in the process for reuse; the RSS stays at its peak, which the memory
+plan already budgets for. Linux/glibc only; a no-op elsewhere.
 """
 
 from __future__ import annotations
@@ -60,7 +60,7 @@ with any thread that starts or ends. 3.12 runs the GC only between bytecodes."""
 def worker_config() -> dict[str, object]:
     """dask config for the servers of a cluster we start: the event loop's health tick once a
     second, not every 20 ms (it only times the loop, to warn when it is blocked for seconds; at
-    20 ms it costs 0.2 CPU-s per 10 s of a job, 2-core Xeon), and no sampling profiler on an
+    20 ms it costs a steady share of a core through the job), and no sampling profiler on an
     interpreter where it can deadlock (the dashboard's Profile page stays empty there)."""
     config: dict[str, object] = {"distributed.admin.tick.interval": "1s"}
     if PROFILER_DEADLOCKS:

@@ -256,7 +256,7 @@ def make_accumulator(
 def probe_devices(requested: str = AUTO) -> dict[str, bool]:
     """Runs on a worker: what it can run. "gpu" is a real GPU (not the simulator).
 
-    NVML answers "is there a GPU" cheaply; a GPU backend's probe (numba ~1 s to import, or
+    NVML answers "is there a GPU" cheaply; a GPU backend's probe (numba, slow to import, or
     CuPy) runs only when a GPU is there or that backend was asked for by name, so a CPU job
     never imports them.
     """

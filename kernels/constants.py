@@ -13,7 +13,7 @@ FRAME_DECODE_BYTES_PER_SECOND = 1e9
 """zstd decoded on the GPU per frame in one batch, in decoded bytes/s: an assumption, never
 measured (no GPU here). nvCOMP decodes a frame with one thread block, and one zarr chunk is
 one frame (a frame cannot be split undecoded), so a batch of F frames decodes at most F times
-as fast as one frame; one frame is taken as about one CPU core's zstd (0.6 GB/s measured)."""
+as fast as one frame; one frame is taken as about one CPU core's zstd."""
 
 
 def device_decode_rate(peak_bytes_per_second: float, frames: float) -> float:

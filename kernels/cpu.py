@@ -1,9 +1,9 @@
 """CPU backend: BLAS gemm with beta=1 straight into a preallocated accumulator.
 
-``acc += a @ b`` costs ~20 % more than one matmul (a temporary and an extra pass per panel), so
-float32/float64 call cblas ?gemm with beta=1 on numpy's own OpenBLAS through ctypes, which
-releases the GIL (scipy.linalg.blas.sgemm holds it: two Dask threads ran at the speed of one).
-Where that library isn't found, numpy's matmul plus an add is the fallback. A panel read
+``acc += a @ b`` costs a good share more than one matmul (a temporary and an extra pass per
+panel), so float32/float64 call cblas ?gemm with beta=1 on numpy's own OpenBLAS through ctypes,
+which releases the GIL (scipy.linalg.blas.sgemm holds it: two Dask threads run at the speed of
+one). Where that library isn't found, numpy's matmul plus an add is the fallback. A panel read
 transposed comes as a transposed view of the stored block, which BLAS reads as it is (its
 transpose flag), so no copy is made; a Gram product's diagonal tile is "upper": only blocks on
 and above its diagonal are computed, the diagonal ones with ?syrk (half the flops).

@@ -16,7 +16,7 @@ _EXPORTS = {
     "MultiplyResult": "pipeline.job",
     "PipelineError": "pipeline.errors",
     "VerifyResult": "pipeline.verify.check",
-    "gram": "pipeline.gram",
+    "gram": "pipeline.gramian",
     "multiply": "pipeline.api",
     "prepare": "pipeline.api",
     "verify_product": "pipeline.verify.check",

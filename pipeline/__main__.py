@@ -1,3 +1,5 @@
+"""``python -m pipeline``: the command line (pipeline.cli.main), loaded only when run."""
+
 import logging
 import os
 import sys
@@ -18,7 +20,7 @@ if __name__ == "__main__":
     )
     code = main()
     # Everything is written, closed and unlocked by now: skip the interpreter's teardown of
-    # dask, distributed and bokeh modules and threads (0.25-0.4 s after every job).
+    # dask, distributed and bokeh modules and threads (a noticeable wait after every job).
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -9,28 +9,33 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, Unpack
 
 import zarr
 from distributed import Client
-from numpy.typing import DTypeLike
 
 from cluster.scratch_dirs import check_scratch_dirs
-from cluster.spec import ClusterSpec
-from kernels.backends import AUTO, CHOICES, PRECISIONS, get_backend, staged_backends
+from kernels.backends import AUTO, get_backend, staged_backends
 from pipeline import settings
 from pipeline.accumulate import flags as accumulation
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.facts.job_plan import check_job_precision, plan_for, planning_backend
 from pipeline.job import MatmulJob
-from pipeline.options import JobOptions, MultiplyResult
-from pipeline.plan.dtypes import parse_dtype
-from pipeline.plan.layout import dimension_names, parse_pair
+from pipeline.options import (
+    MULTIPLY,
+    PREPARE,
+    JobOptions,
+    MultiplyResult,
+    PrepareOptions,
+    ProductOptions,
+    carried,
+    checked,
+    takes_options,
+)
+from pipeline.plan.layout import dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
-from pipeline.plan.units import parse_size
 from pipeline.store import inputs
 from pipeline.store.chunks.raw import device_decodable
 from pipeline.store.fs import absolute, check_protocol, refuse_linked, resolve_url
@@ -42,37 +47,9 @@ from pipeline.store.signature import key_encoding, metadata_digest
 
 log = logging.getLogger("pipeline")
 
-Pair = str | Sequence[int]
-"""``"RxC"`` or ``(rows, columns)``."""
 
-
-def prepare(
-    a: Any,
-    b: Any,
-    out: Any,
-    *,
-    backend: str = "auto",
-    memory_limit: int | str | None = None,
-    device_memory_limit: int | str | None = None,
-    gpu_decode: bool = False,
-    precision: str = "fp32",
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-    dtype: DTypeLike | None = None,
-    chunks: Pair | None = None,
-    shards: Pair | None = None,
-    overwrite: bool = False,
-    resume: bool = False,
-    accumulate: bool = False,
-    alpha: float = 1.0,
-    beta: float | None = None,
-    verify: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    progress: bool = False,
-    cluster: ClusterSpec | None = None,
-    report: str | None = None,
-    symmetric: bool = False,
-) -> MatmulJob:
+@takes_options(PREPARE)
+def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> MatmulJob:
     """Validate ``out = a @ b`` and plan it: inputs opened read-only, bad input refused, no
     cluster started and nothing written. ``print(job)`` shows the plan; ``job.execute()``
     runs it. ``dtype``, ``chunks`` and ``shards`` choose OUT's layout (default: follow the
@@ -81,58 +58,41 @@ def prepare(
     ``precision``: "fp32" (the dtype's own arithmetic), "tf32" or "3xtf32" (tensor cores:
     float32 data, a GPU backend that lists it; refused before any work otherwise)."""
     settings.check_all()  # every tilegemm.* setting, before any work
-    if precision not in PRECISIONS:
-        raise UsageError(f"unknown precision {precision!r}; choose {', '.join(PRECISIONS)}")
-    if backend not in CHOICES:
-        raise UsageError(f"unknown backend {backend!r}; choose {', '.join(CHOICES)}")
-    if overwrite and resume:
-        raise UsageError("--overwrite and --resume exclude each other; pick one")
+    values = checked(options)
+    _check_gpu_decode_backend(values["gpu_decode"], values["backend"])
+    layout = OutputSpec(values["dtype"], values["chunks"], values["shards"])
+    beta = accumulation.check_flags(
+        accumulate=values["accumulate"],
+        alpha=values["alpha"],
+        beta=values["beta"],
+        overwrite=values["overwrite"],
+        verify=values["verify"],
+        layout=layout,
+    )
+    urls, storage = _locate((a, b, out), values["storage_options"])  # an overlap first
+    changes = {f"--{k}": values[k] for k in ("overwrite", "resume", "accumulate")}
+    for flag in (f for f, on in changes.items() if on and isinstance(out, str | os.PathLike)):
+        refuse_linked(os.fspath(out), "C" if values["accumulate"] else "OUT", flag)
+    report = values["report"] and check_report(
+        values["report"], dict(zip(("A", "B", "OUT"), urls, strict=True)), storage
+    )
+    asked = {"beta": beta, "storage_options": storage, "output": layout, "report": report}
+    job_options = JobOptions(**carried(values) | asked)
+    symmetric, transposed = values["symmetric"], (values["transpose_a"], values["transpose_b"])
+    names = ("X", "X", "G") if symmetric else ("A", "B", "OUT")
+    check_scratch_dirs(urls, job_options.cluster, names)
+    if symmetric:
+        check_gram(urls, transposed)
+    store = StoreSpec(*urls, storage, transposed, symmetric)
+    return _validated(store, job_options, out)
+
+
+def _check_gpu_decode_backend(gpu_decode: bool, backend: str) -> None:
     if gpu_decode and backend != AUTO and not get_backend(backend).make_device:
         raise UsageError(
             f"--gpu-decode decodes the inputs on the GPU: it needs --backend "
             f"{' or '.join(staged_backends())}, not {backend}"
         )
-    layout = OutputSpec(
-        None if dtype is None else parse_dtype(dtype),
-        parse_pair(chunks, "--chunks"),
-        parse_pair(shards, "--shards"),
-    )
-    beta = accumulation.check_flags(
-        accumulate=accumulate,
-        alpha=alpha,
-        beta=beta,
-        overwrite=overwrite,
-        verify=verify,
-        layout=layout,
-    )
-    urls, storage = _locate((a, b, out), storage_options)  # an overlap first: it says more
-    changes = {"--overwrite": overwrite, "--resume": resume, "--accumulate": accumulate}
-    for flag in (f for f, on in changes.items() if on and isinstance(out, str | os.PathLike)):
-        refuse_linked(os.fspath(out), "C" if accumulate else "OUT", flag)
-    options = JobOptions(
-        backend=backend,
-        memory_limit_bytes=_bytes(memory_limit),
-        device_memory_limit_bytes=_bytes(device_memory_limit),
-        gpu_decode=gpu_decode,
-        precision=precision,
-        overwrite=overwrite,
-        resume=resume,
-        accumulate=accumulate,
-        alpha=float(alpha),
-        beta=beta,
-        verify=verify,
-        storage_options=storage,
-        output=layout,
-        progress=progress,
-        cluster=cluster or ClusterSpec(),
-        report=report
-        and check_report(report, dict(zip(("A", "B", "OUT"), urls, strict=True)), storage),
-    )
-    check_scratch_dirs(urls, options.cluster, ("X", "X", "G") if symmetric else ("A", "B", "OUT"))
-    if symmetric:
-        check_gram(urls, (transpose_a, transpose_b))
-    store = StoreSpec(*urls, storage, (transpose_a, transpose_b), symmetric)
-    return _validated(store, options, out)
 
 
 def _locate(
@@ -191,45 +151,13 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)
 
 
+@takes_options(MULTIPLY)
 def multiply(
-    a: Any,
-    b: Any,
-    out: Any,
-    *,
-    client: Client | None = None,
-    backend: str = "auto",
-    memory_limit: int | str | None = None,
-    device_memory_limit: int | str | None = None,
-    gpu_decode: bool = False,
-    precision: str = "fp32",
-    transpose_a: bool = False,
-    transpose_b: bool = False,
-    dtype: DTypeLike | None = None,
-    chunks: Pair | None = None,
-    shards: Pair | None = None,
-    overwrite: bool = False,
-    resume: bool = False,
-    accumulate: bool = False,
-    alpha: float = 1.0,
-    beta: float | None = None,
-    verify: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    progress: bool = False,
-    cluster: ClusterSpec | None = None,
-    report: str | None = None,
+    a: Any, b: Any, out: Any, *, client: Client | None = None, **options: Unpack[ProductOptions]
 ) -> MultiplyResult:
     """Compute ``out = a @ b`` for Zarr arrays (paths, fsspec URLs or zarr.Array objects);
     see the README."""
-    job = prepare(
-        a, b, out, backend=backend, memory_limit=memory_limit,
-        device_memory_limit=device_memory_limit, gpu_decode=gpu_decode, precision=precision,
-        dtype=dtype,
-        transpose_a=transpose_a, transpose_b=transpose_b, chunks=chunks, shards=shards,
-        overwrite=overwrite, resume=resume, accumulate=accumulate, alpha=alpha, beta=beta,
-        verify=verify, storage_options=storage_options,
-        progress=progress, cluster=cluster, report=report,
-    )  # fmt: skip
-    return job.execute(client)
+    return prepare(a, b, out, **options).execute(client)
 
 
 def _check_device_decodable(
@@ -263,10 +191,6 @@ def _names(array: Any, transposed: bool) -> tuple[str | None, str | None]:
     """An operand's dimension names as used (reversed when read transposed)."""
     first, second = inputs.dimension_names(array)
     return (second, first) if transposed else (first, second)
-
-
-def _bytes(size: int | str | None) -> int | None:
-    return parse_size(size) if isinstance(size, str) else size
 
 
 def _state(output: Output, given: object) -> dict[str, Any] | None:

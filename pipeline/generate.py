@@ -14,7 +14,7 @@ import zarr
 from pipeline.errors import InputError, OutputExistsError, UsageError
 from pipeline.store.fs import check_writable, refuse_linked, resolve_url
 from pipeline.store.output import Output
-from pipeline.store.owned import ATTRS_KEY
+from pipeline.store.record import OutRecord
 
 MAX_CHUNKS = 10_000_000
 """Chunks one array may have: each is a file (or object) and a seeded draw; more is a mistake."""
@@ -61,7 +61,7 @@ def write_random(
             chunks=chunks,
             dtype=dt,
             zarr_format=3,
-            attributes={ATTRS_KEY: {"generated": {"seed": seed}}},
+            attributes=OutRecord(seed=int(seed)).attributes(),
             **options,
         )
         _fill(array, shape, chunks, dt, seed)

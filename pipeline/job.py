@@ -24,7 +24,6 @@ from pipeline.errors import JobError, UsageError
 from pipeline.facts.devices import calibrated_device, emulated_params
 from pipeline.facts.job_plan import check_job_precision, fingerprint, plan_for, planning_backend
 from pipeline.options import JobOptions, MultiplyResult
-from pipeline.plan import operands
 from pipeline.plan.gpu_candidate import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.plan.matmul import MatmulPlan
@@ -46,6 +45,7 @@ from pipeline.store import inputs, journal, owned, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output
+from pipeline.store.record import OutRecord
 from pipeline.store.signature import Listing, metadata_digest
 from pipeline.summary import add_to_report, format_plan, report_context
 
@@ -242,13 +242,16 @@ class MatmulJob:
             return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
         if state is not None:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
-        attributes = {"complete": False, "fingerprint": fp, "tile_shape": list(plan.tile_shape)}
-        attributes.update(operands.attributes(plan.transposed, plan.symmetric))  # for verify
-        attributes["precision"] = plan.precision  # verify's tolerance follows it
-        if self.options.alpha != 1:
-            attributes["alpha"] = self.options.alpha  # verify checks C == alpha * A @ B
+        alpha = self.options.alpha
+        record = OutRecord(
+            fingerprint=fp, complete=False, tile_shape=plan.tile_shape,
+            # What verify checks: the same operation, α and tolerance.
+            transpose_a=plan.transposed[0], transpose_b=plan.transposed[1],
+            symmetric=plan.symmetric, precision=plan.precision,
+            alpha=None if alpha == 1 else float(alpha),
+        )  # fmt: skip
         self.output.create(
-            plan.out.shape, plan.out.chunks, plan.out.dtype, attributes,
+            plan.out.shape, plan.out.chunks, plan.out.dtype, record,
             shards=plan.out.shards, dimension_names=self.dimension_names,
             zarr_format=self.options.output.zarr_format,
         )  # fmt: skip
@@ -312,5 +315,5 @@ def _connect(client: Client | None, options: JobOptions) -> Iterator[Client]:
         return
     from cluster.lifecycle import start
 
-    with start(options.cluster, options.memory_limit_bytes) as c:
+    with start(options.cluster, options.memory_limit) as c:
         yield c

@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import dask
+from dask.utils import parse_bytes
 
 from kernels.device.emulated import DECODE_GBPS
 from pipeline.errors import UsageError
 from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.limits import MAX_TASKS
-from pipeline.plan.units import parse_size
 
 NAMESPACE = "tilegemm"
 
@@ -116,6 +116,21 @@ def _count(value: Any) -> int:
     if count < 1:
         raise ValueError(value)
     return count
+
+
+def parse_size(text: str) -> int:
+    """'4GiB', '512MB', '1e9' or '100' (bytes) to a positive number of bytes, read by dask's
+    own parser (as ``dask worker`` and dask's config read sizes)."""
+    try:
+        size = parse_bytes(text) if str(text).strip() else 0  # dask reads "" as 1 byte
+    except (ValueError, TypeError):
+        size = 0
+    if size <= 0:
+        raise UsageError(
+            f"cannot read size {text!r}; write a positive number with an optional unit, "
+            "e.g. 4GiB, 512MB or 1000000"
+        )
+    return size
 
 
 def _size(value: Any) -> int:

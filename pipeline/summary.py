@@ -100,7 +100,7 @@ def _task_memory(plan: MatmulPlan) -> str:
 
 
 def _estimate(plan: MatmulPlan) -> str:
-    costs = plan.cost_model
+    costs = plan.costs
     total = f"{plan.estimated_seconds + costs.setup_seconds:.1f} s on this cluster"
     if plan.device is None:
         decode = 1 / (costs.read.per_byte + costs.decode.per_byte)
@@ -128,7 +128,7 @@ def _resources(plan: MatmulPlan) -> str:
     seconds = plan.resource_seconds or cpu_resource_seconds(plan)
     where = "per worker" if plan.device is not None else "thread-seconds per worker"
     terms = ", ".join(f"{name} {value:.2f}" for name, value in seconds)
-    setup = plan.cost_model.setup_seconds
+    setup = plan.costs.setup_seconds
     return f"{terms} ({where}); setup {setup:.2f} (interpreter, cluster, OUT)"
 
 

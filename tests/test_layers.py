@@ -39,8 +39,12 @@ def test_pure_modules_load_no_heavy_library(modules: str) -> None:
 
 def test_lazy_faces_still_give_their_names() -> None:
     code = (
-        "import pipeline; "
+        "import pipeline, inspect; "
         "assert callable(pipeline.multiply) and callable(pipeline.prepare); "
-        "assert callable(pipeline.gram) and callable(pipeline.verify_product)"
+        "assert callable(pipeline.gram) and callable(pipeline.verify_product); "
+        # Loading every module must not shadow a face with a submodule of the same name.
+        "import pipeline.cli.main, pipeline.gramian, pipeline.verify.check; "
+        "faces = [n for n in pipeline.__all__ if inspect.ismodule(getattr(pipeline, n))]; "
+        "assert not faces, faces"
     )
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)

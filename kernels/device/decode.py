@@ -74,7 +74,7 @@ use 16B alignment"), so a view of it is aligned for any element type."""
 
 class PanelDecoder:
     """One engine's device decoder, bound to the stream its copies run on (the engine's h2d
-    stream). It keeps for the engine's life what the old per-panel call made anew: nvCOMP's
+    stream). It keeps for the engine's life what a call per panel would make anew: nvCOMP's
     ``Codec`` (thread-local by nvCOMP's rules; an engine runs in one thread), a device buffer
     for the compressed frames and one for the decoded chunks (grown, never shrunk), and the
     decompression configs, built from the sizes the host already knows (every chunk decodes

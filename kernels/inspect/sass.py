@@ -189,7 +189,7 @@ def blocks_per_sm(regs: int, shared_bytes: int, threads: int) -> int:
 
 @dataclass(frozen=True)
 class Targets:
-    """Static goals for a default kernel's machine code (issue 3), per dtype."""
+    """Static goals for a default kernel's machine code, per dtype."""
 
     fma_per_lds: float
     fma_share: float
@@ -240,7 +240,7 @@ def check_targets(report: dict[str, Any]) -> list[str]:
 
 @dataclass(frozen=True)
 class MmaTargets:
-    """Static goals of a tensor-core kernel (issue 21)."""
+    """Static goals of a tensor-core kernel."""
 
     hmma_per_k_tile: int
     """HMMA a warp issues per K tile: the design's mma count (3xtf32 = 3 x tf32 per k-step)."""

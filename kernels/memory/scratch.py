@@ -1,9 +1,9 @@
 """Byte buffers reused across chunk reads in a worker process.
 
 A fresh buffer of a few MiB is new pages to the kernel, which zeroes each one on first touch
-(``clear_page``) and unmaps them when freed: reading a 16 MiB stored chunk into new bytes and
-decoding it into a new temporary cost an 8192² job about 0.5 CPU-s of system time (perf, 2-core
-Xeon). Readers take a buffer here and give it back; the pool keeps the few it has seen in use
+(``clear_page``) and unmaps them when freed: reading each large stored chunk into new bytes
+and decoding it into a new temporary spends a measurable share of a job's CPU time in the
+kernel. Readers take a buffer here and give it back; the pool keeps the few it has seen in use
 at once (the readers' peak, which the memory plan already counts) up to KEEP_BYTES.
 """
 

@@ -1,8 +1,8 @@
 """Zeroed arrays whose memory goes to the next one once the last view of them is gone.
 
-A task's accumulator is its largest buffer (48 MiB at 12288² float32 in 12 tiles), and each new
-one was fresh memory: the kernel zeroes every page on its first write (a page fault each;
-``clear_page`` was ~1.7 % of a 12288² job's CPU time on a 2-core VM). A buffer given back here
+A task's accumulator is its largest buffer (48 MiB at 12288² float32 in 12 tiles), and a new
+one is fresh memory: the kernel zeroes every page on its first write (a page fault each, and
+``clear_page`` a visible share of a large job's CPU time). A buffer given back here
 when its array and every view of it are gone is zeroed again by ``fill`` in user space instead
 (a warm memset, several times faster), for the next accumulator of that size or less.
 """

@@ -29,6 +29,7 @@ from pipeline.cli.parser import (
     storage_options,
 )
 from pipeline.errors import PipelineError
+from pipeline.options import GRAM, MULTIPLY, options_for
 from pipeline.plan.units import format_bytes
 from pipeline.sensitive.text import redact_url, url_secrets
 from pipeline.sensitive.values import ScrubLogs, scrub, secret_values, warn_if_exposed
@@ -145,44 +146,24 @@ def _block_sigint(frame: FrameType, event: str, arg: Any) -> None:
 def run_multiply(args: argparse.Namespace) -> int:
     from pipeline.api import prepare
 
-    job = prepare(
-        args.a,
-        args.b,
-        args.out,
-        transpose_a=args.transpose_a,
-        transpose_b=args.transpose_b,
-        accumulate=args.accumulate,
-        alpha=args.alpha,
-        beta=args.beta,
-        **_product_options(args),
-    )
-    return _run_job(job, args)
+    return _run_job(prepare(args.a, args.b, args.out, **_product_options(args, MULTIPLY)), args)
 
 
 def run_gram(args: argparse.Namespace) -> int:
-    from pipeline.gram import prepare_gram
+    from pipeline.gramian import prepare_gram
 
-    return _run_job(prepare_gram(args.x, args.g, rows=args.rows, **_product_options(args)), args)
+    job = prepare_gram(args.x, args.g, rows=args.rows, **_product_options(args, GRAM))
+    return _run_job(job, args)
 
 
-def _product_options(args: argparse.Namespace) -> dict[str, Any]:
-    """The options multiply and gram share, from the command line."""
-    return {
-        "backend": args.backend,
-        "memory_limit": args.memory_limit,
-        "device_memory_limit": args.device_memory_limit,
-        "gpu_decode": args.gpu_decode,
-        "precision": args.precision,
-        "dtype": args.dtype,
-        "chunks": args.chunks,
-        "shards": args.shards,
-        "overwrite": args.overwrite,
-        "resume": args.resume,
-        "verify": args.verify,
+def _product_options(args: argparse.Namespace, command: str) -> dict[str, Any]:
+    """A product's keyword options from the command line: each declared option's own flag, and
+    those built from the command line's own arguments (storage, progress, cluster)."""
+    given = {o.name: getattr(args, o.name) for o in options_for(command) if o.cli}
+    return given | {
         "storage_options": args.storage_options,
         "progress": not args.no_progress and sys.stderr.isatty(),
         "cluster": _spec(args, probe_dashboard=not args.dry_run),
-        "report": args.report,
     }
 
 
@@ -191,7 +172,7 @@ def _run_job(job: Any, args: argparse.Namespace) -> int:
     from pipeline.summary import format_accounting, format_summary
 
     if args.dry_run:
-        if args.scheduler:  # plan for the cluster at hand
+        if job.options.cluster.existing:  # plan for the cluster at hand
             from cluster.lifecycle import start
 
             with start(job.options.cluster) as client:
@@ -270,11 +251,12 @@ COMMANDS = {
 def _spec(args: argparse.Namespace, probe_dashboard: bool = True) -> ClusterSpec:
     spec = ClusterSpec(  # a bad --dashboard-address is refused here, before any work
         scheduler=args.scheduler,
+        scheduler_file=args.scheduler_file,
         workers=args.workers,
         threads_per_worker=args.threads_per_worker,
         dashboard_address=args.dashboard_address,
     )
-    if probe_dashboard and not args.scheduler:
+    if probe_dashboard and not spec.existing:
         probed = dashboard_address(spec.dashboard_address)
         spec = dataclasses.replace(spec, dashboard_address=probed)
     return spec

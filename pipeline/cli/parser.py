@@ -1,17 +1,19 @@
-"""The command line's parser: subcommands and options, argparse types (sizes, MxN pairs,
-positive integers, KEY=VALUE storage options), and one ``error:`` line with a suggestion for a
-misspelled option or choice."""
+"""The command line's parser: subcommands and options (a product's from their declarations in
+pipeline.options), argparse types (MxN pairs, positive integers, seeds, KEY=VALUE storage
+options), and one ``error:`` line with a suggestion for a misspelled option or choice."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
 import re
+from collections.abc import Callable
 from typing import Any, NoReturn
 
-from kernels.backends import CHOICES, PRECISIONS
+from kernels.backends import PRECISIONS
 from pipeline.errors import UsageError
-from pipeline.plan.units import parse_size
+from pipeline.options import GRAM, MULTIPLY, Option, declared, options_for
+from pipeline.plan.layout import parse_pair
 from pipeline.sensitive.text import is_sensitive, redact_url
 from pipeline.store.options_file import ENV, merged, options_from_env, options_from_file
 
@@ -46,14 +48,14 @@ def build_parser() -> argparse.ArgumentParser:
     mul.add_argument("a", metavar="A", help="path or fsspec URL of a 2-D Zarr array")
     mul.add_argument("b", metavar="B", help="path or fsspec URL of a 2-D Zarr array")
     mul.add_argument("out", metavar="OUT", help="where to write the product (Zarr v3)")
-    _product_args(mul, multiply=True)
+    _product_args(mul, MULTIPLY)
     gram = sub.add_parser(
         "gram", help="G = Xᵀ X (--rows: X Xᵀ), half the work of a general product", parents=[common]
     )
     gram.add_argument("x", metavar="X", help="path or fsspec URL of a 2-D Zarr array")
     gram.add_argument("g", metavar="G", help="where to write the Gram matrix (Zarr v3)")
     gram.add_argument("--rows", action="store_true", help="G = X Xᵀ (rows by rows)")
-    _product_args(gram, multiply=False)
+    _product_args(gram, GRAM)
 
     ver = sub.add_parser(
         "verify", help="exit 0 if C == A @ B within floating-point tolerance", parents=[common]
@@ -68,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the precision C was computed at, for the tolerance (default: as C's attributes "
         "record it; fp32 for a C this tool did not write)",
     )
-    _transpose_args(ver, verify=True)
+    _transpose_args(ver)
     _cluster_args(ver)
     ver.add_argument(
         "--no-progress",
@@ -99,65 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _product_args(p: argparse.ArgumentParser, multiply: bool) -> None:
-    """A product's options: multiply's, or gram's (no transposes, no accumulation)."""
-    p.add_argument(
-        "--backend",
-        choices=CHOICES,
-        default="auto",
-        help="auto: cuda where every worker sees a GPU, else cpu; cublas: cuBLAS through CuPy; "
-        "emulated: a modelled GPU that does no math (OUT is NaN), for measuring the feed",
-    )
-    _cluster_args(p)
-    p.add_argument(
-        "--device-memory-limit",
-        type=_size,
-        metavar="SIZE",
-        help="GPU memory per worker for cuda/cublas plans, e.g. 40GiB (default: the device's)",
-    )
-    p.add_argument(
-        "--gpu-decode",
-        action="store_true",
-        help="cuda/emulated: copy zstd chunks compressed and decode them on the GPU (nvCOMP on "
-        "the workers), not on the host",
-    )
-    p.add_argument(
-        "--precision",
-        choices=PRECISIONS,
-        default="fp32",
-        help="fp32: the dtype's own arithmetic (default); tf32: tensor cores, ~2^-10 relative "
-        "per product (cuda, cublas); 3xtf32: three TF32 products per step, float32-class "
-        "accuracy (cuda). Tensor precisions take float32 data; the cpu backend refuses them",
-    )
-    p.add_argument(
-        "--dtype",
-        metavar="DTYPE",
-        help="OUT's dtype, e.g. int64 (default: numpy.result_type of A and B); integer "
-        "products that could overflow it are refused",
-    )
-    p.add_argument(
-        "--chunks",
-        metavar="RxC",
-        help=(
-            "OUT's chunks (default: A's row chunk x B's column chunk, grown to 512 per axis "
-            "when that makes over 1,024 chunks)"
-        ),
-    )
-    p.add_argument(
-        "--shards",
-        metavar="RxC",
-        help="OUT's Zarr v3 shards, whole chunks each (default: the inputs' shards, if any)",
-    )
-    if multiply:
-        _transpose_args(p)
-    write = p.add_mutually_exclusive_group()
-    write.add_argument("--overwrite", action="store_true", help="replace an OUT this tool wrote")
-    write.add_argument("--resume", action="store_true", help="finish an interrupted OUT")
-    if multiply:
-        _accumulate_args(p)
-    p.add_argument("--verify", action="store_true", help="check the product (Freivalds)")
-    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
-    p.add_argument("--report", metavar="FILE.html", help="save distributed's performance report")
+def _product_args(p: argparse.ArgumentParser, command: str) -> None:
+    """A product's options: those pipeline.options declares for ``command``, with the command
+    line's own (cluster, storage, --dry-run, --no-progress) where --help has always listed them."""
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}  # by the option to add to it
+    for option in options_for(command):
+        if option.cli:
+            group = groups.get(option.name)
+            if option.excludes:
+                group = group or p.add_mutually_exclusive_group()
+                groups[option.excludes] = group
+            _add_option(group or p, option)
+        for add in _FOLLOWING.get(option.name, ()):
+            add(p)
     p.add_argument(
         "--no-progress",
         action="store_true",
@@ -165,49 +121,66 @@ def _product_args(p: argparse.ArgumentParser, multiply: bool) -> None:
     )
 
 
-def _transpose_args(p: argparse.ArgumentParser, verify: bool = False) -> None:
+def _add_option(p: argparse._ActionsContainer, option: Option) -> None:
+    """A declared option as an argument: a switch for a bool (off unless given), else a value
+    (read by the option's ``parse``, whose UsageError argparse reports as its error line)."""
+    if isinstance(option.default, bool):
+        p.add_argument(option.flag, action="store_true", help=option.help)
+        return
+    typed: dict[str, Any] = {"type": _argparse_type(option.parse)} if option.parse else {}
+    p.add_argument(
+        option.flag,
+        choices=option.choices,
+        default=option.default,
+        metavar=option.metavar,
+        help=option.help,
+        **typed,
+    )
+
+
+def _argparse_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except UsageError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+
+    convert.__name__ = parse.__name__  # argparse names it in an unexpected error
+    return convert
+
+
+def _transpose_args(p: argparse.ArgumentParser) -> None:
+    """verify's: None (not given) reads C's record."""
     for which in ("a", "b"):
-        name = which.upper()
         p.add_argument(
             f"--transpose-{which}",
             action="store_true",
-            default=None if verify else False,  # verify: None reads C's record
-            help=f"C was computed with {name}ᵀ (default: as C's attributes record it)"
-            if verify
-            else f"multiply by {name}ᵀ, read in place (no transposed copy is written)",
+            default=None,
+            help=f"C was computed with {which.upper()}ᵀ (default: as C's attributes record it)",
         )
 
 
-def _accumulate_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--accumulate",
-        action="store_true",
-        help="OUT is an existing C (anyone's Zarr array): C = alpha*A@B + beta*C, each "
-        "product added exactly once (retries, kill -9 and --resume included)",
-    )
-    p.add_argument(
-        "--alpha", type=_number, default=1.0, metavar="X", help="OUT = X*A@B (default 1)"
-    )
-    p.add_argument(
-        "--beta",
-        type=_number,
-        metavar="Y",
-        help="with --accumulate: the factor of C's old values (default 1)",
-    )
-
-
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number, e.g. 2 or -0.5") from None
-
-
 def _cluster_args(p: argparse.ArgumentParser) -> None:
+    """verify's cluster and storage arguments (a product's come in --help's order)."""
+    _local_cluster_args(p)
+    _add_option(p, declared("memory_limit"))
+    _dashboard_arg(p)
+    _storage_args(p)
+
+
+def _local_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scheduler", metavar="ADDRESS", help="use this running cluster")
+    p.add_argument(
+        "--scheduler-file",
+        metavar="PATH",
+        help="use the running cluster whose scheduler wrote PATH (dask scheduler "
+        "--scheduler-file, dask-jobqueue, dask-mpi)",
+    )
     p.add_argument("--workers", type=positive_int, help="local worker processes")
     p.add_argument("--threads-per-worker", type=positive_int, help="threads per local worker")
-    p.add_argument("--memory-limit", type=_size, metavar="SIZE", help="per worker, e.g. 8GiB")
+
+
+def _dashboard_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dashboard-address",
         default="127.0.0.1:8787",
@@ -215,7 +188,10 @@ def _cluster_args(p: argparse.ArgumentParser) -> None:
         help="where the Dask dashboard listens: a loopback HOST (127.x or localhost) for a "
         "local cluster; PORT 0 picks a free one (default 127.0.0.1:8787)",
     )
-    _storage_args(p)
+
+
+def _dry_run_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
 
 
 def _storage_args(p: argparse.ArgumentParser) -> None:
@@ -233,6 +209,14 @@ def _storage_args(p: argparse.ArgumentParser) -> None:
         help="fsspec options as a JSON object, to keep keys and secrets off the command line "
         f"(also read from ${ENV}, which the file overrides); values shown anywhere are hidden",
     )
+
+
+_FOLLOWING: dict[str, tuple[Callable[[argparse.ArgumentParser], None], ...]] = {
+    "backend": (_local_cluster_args,),
+    "memory_limit": (_dashboard_arg, _storage_args),
+    "verify": (_dry_run_arg,),
+}
+"""The command line's own arguments of a product, after the declared option each follows."""
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
@@ -313,14 +297,16 @@ def _scalar(value: str, numbers: bool = True) -> Any:
 
 
 def _pair(text: str) -> tuple[int, int]:
-    parts = text.lower().split("x")
+    """argparse type: MxN, two integers >= 0 (pipeline.plan.layout's parser, our messages)."""
     try:
-        m, n = (int(p) for p in parts)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not MxN with two integers") from None
-    if m < 0 or n < 0:
+        pair = parse_pair(text, "")
+    except UsageError:
+        pair = None
+    if pair is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not MxN with two integers")
+    if min(pair) < 0:
         raise argparse.ArgumentTypeError(f"{text!r} has a negative size")
-    return m, n
+    return pair
 
 
 def positive_int(text: str) -> int:
@@ -345,10 +331,3 @@ def seed(text: str) -> int:
             f"{text!r} is not a seed: seeds are integers >= 0, e.g. --seed 0"
         )
     return value
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except UsageError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None

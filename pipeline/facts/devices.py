@@ -37,7 +37,9 @@ def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str)
         )
     if model is None:
         model = DEVICE_CLASSES[settings.get("device-class")]
-    cap = options.device_memory_limit_bytes
+    cap = options.device_memory_limit
+    if isinstance(cap, float):  # a fraction of the device's memory, as dask-cuda reads one
+        cap = int(cap * model.memory_bytes)
     memory = min(model.memory_bytes, cap) if cap else model.memory_bytes
     return replace(model, memory_bytes=memory, decodes_chunks=options.gpu_decode)
 

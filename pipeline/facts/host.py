@@ -1,14 +1,14 @@
 """This host's cost model: the calibration's constants (pipeline.plan.fitted_costs, fitted on
 one machine) scaled by three quick figures measured here (pipeline.plan.costs.HostProbe).
 
-A BLAS thread, zstd and the interpreter run at different speeds on different CPUs (an EPYC's
-sgemm thread is half a Xeon's), so constants fitted on one machine planned another's jobs
-1.5x off. ``benchmarks.calibrate`` records the same figures for the calibration host; here
-they are measured once per host (about 0.7 s) and saved with the other machine figures in
+A BLAS thread, zstd and the interpreter run at different speeds on different CPUs (one CPU's
+sgemm thread can be half another's), so constants fitted on one machine plan another's jobs
+far off. ``benchmarks.calibrate`` records the same figures for the calibration host; here
+they are measured once per host (under a second) and saved with the other machine figures in
 ``$XDG_CACHE_HOME/tilegemm/hosts.json`` (kernels.device.figures: atomic, mode 0600, a file
 others may write is ignored), keyed by the CPU, the usable cores, numpy's BLAS and the Python.
 A figure more than 1.5x from the calibration host's is measured a second time and the better
-kept (one call once read half this EPYC's BLAS rate); measured on a machine that stays busy
+kept (a transient load can halve one call's BLAS rate); measured on a machine that stays busy
 they are kept all the same: delete the file to measure again.
 
 The figures are this process's host's: a job on an existing scheduler is planned with them
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import time
 from collections.abc import Callable
@@ -29,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from dask.system import CPU_COUNT
 
 from pipeline import settings
 from pipeline.plan.costs import CostModel, HostProbe, for_host
@@ -41,16 +41,17 @@ GEMM_SIDE = 1024
 ZSTD_SIDE = 1024
 
 
-def host_costs() -> CostModel | None:
-    """The cost model to plan with on this host; None when ``tilegemm.host-probe`` is false
-    (the calibration's constants as committed)."""
+def host_costs(fitted: CostModel = COSTS) -> CostModel:
+    """The cost model to plan with on this host: ``fitted`` (the calibration's constants)
+    scaled by this host's figures, or as it is when ``tilegemm.host-probe`` is false."""
     if not settings.get("host-probe"):
-        return None
-    return for_host(COSTS, host_figures())
+        return fitted
+    return for_host(fitted, host_figures(fitted.probe))
 
 
-def host_figures(path: Path | None = None) -> HostProbe:
-    """This host's figures: saved ones for its key, else measured now and saved."""
+def host_figures(reference: HostProbe | None, path: Path | None = None) -> HostProbe:
+    """This host's figures: saved ones for its key, else measured now and saved (twice when
+    far from ``reference``, the calibration host's)."""
     from kernels.device.figures import lookup, save, store_path
 
     path = path or store_path(FILE_NAME)
@@ -63,9 +64,9 @@ def host_figures(path: Path | None = None) -> HostProbe:
     if unsaved in UNSAVED:
         return UNSAVED[unsaved]
     probe = measure()
-    if COSTS.probe is not None and not _near(probe, COSTS.probe):
-        # A transient on a shared VM once halved one call's BLAS rate: a figure far from the
-        # calibration host's is measured again, and the better of the two kept.
+    if reference is not None and not _near(probe, reference):
+        # A transient load can halve one call's BLAS rate: a figure far from the calibration
+        # host's is measured again, and the better of the two kept.
         probe = best_figures([probe, measure()])
     try:
         save(key, vars(probe), path, identity=None)
@@ -125,11 +126,17 @@ def host_key() -> dict[str, Any]:
 
 
 def usable_cores() -> int:
-    """The cores this process may run on (its affinity; a container's pinning), else all."""
-    try:
-        return len(os.sched_getaffinity(0)) or 1
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
+    """The cores this process may use: its affinity and its cgroup's CPU quota (a container's
+    limits), as dask counts them for a local cluster."""
+    return CPU_COUNT
+
+
+def usable_memory_bytes() -> int:
+    """The memory this process may use: the least of the host's, its cgroup's limit and its
+    RLIMIT_RSS (a container's limits), as distributed sizes a worker's "auto" limit."""
+    from distributed.system import MEMORY_LIMIT
+
+    return MEMORY_LIMIT
 
 
 def cpu_name() -> str:
@@ -145,8 +152,8 @@ def cpu_name() -> str:
 
 def measure(repeats: int = 20) -> HostProbe:
     """The three figures, each the best of ``repeats`` (half that for the gemm) in CPU
-    seconds, after a first run: best of 5 varied 1.5x between calls on a 2-core VM, best of
-    20 within 10 %."""
+    seconds, after a first run: the best of a few still varies widely between calls on a
+    shared machine, the best of 20 far less."""
     interpreter_work()
     return HostProbe(
         flops_per_second=gemm_rate(max(repeats // 2, 1)),

@@ -8,14 +8,14 @@ import json
 from dataclasses import asdict, replace
 from typing import Any
 
-import psutil
-
+from cluster.memory import local_limit, worker_limit
 from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, PRECISIONS, check_precision
 from pipeline import settings
 from pipeline.errors import UsageError
 from pipeline.facts.devices import device_model
-from pipeline.facts.host import host_costs
+from pipeline.facts.host import host_costs, usable_cores, usable_memory_bytes
 from pipeline.options import JobOptions
+from pipeline.plan.costs import CostModel
 from pipeline.plan.device_model import default_decode_threads
 from pipeline.plan.limits import PlanLimits
 from pipeline.plan.matmul import MatmulPlan
@@ -39,22 +39,26 @@ def plan_for(
     *,
     transposed: tuple[bool, bool] = (False, False),
     symmetric: bool = False,
+    costs: CostModel | None = None,
 ) -> MatmulPlan:
     """``live``: describe_workers() of a running cluster, or None before one is started.
     ``backend``: a resolved one, or the one asked for (GPU backends plan for their device);
-    ``a`` and ``b`` are op(A) and op(B) (``transposed``, ``symmetric``: see plan_matmul)."""
-    total = psutil.virtual_memory().total
-    budget = options.memory_limit_bytes
+    ``a`` and ``b`` are op(A) and op(B) (``transposed``, ``symmetric``: see plan_matmul);
+    ``costs``: the cost model to plan with (None: this host's, host_costs()). The host's
+    cores and memory are what this process may use (a container's limits), as a local
+    cluster is sized."""
+    total = usable_memory_bytes()
+    cores = usable_cores()
     gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
     if live is None:
         workers = options.cluster.workers or 1
-        cores = psutil.cpu_count() or 1
         # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
         threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
-        limit = budget or total // workers
+        limit = local_limit(options.memory_limit, threads) or total // workers
     else:
         workers, threads = live["workers"], live["threads"]
-        limit = min(x for x in (budget, live["memory_limit"] or total) if x)
+        own = live["memory_limit"]
+        limit = min(x for x in (worker_limit(options.memory_limit, own), own or total) if x)
     forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
     plan = plan_matmul(
         a,
@@ -67,11 +71,11 @@ def plan_for(
         memory_limit_bytes=limit,
         tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
         device=device_model(options, live, backend) if gpu else None,
-        decode_threads=default_decode_threads(psutil.cpu_count() or 1, workers),
+        decode_threads=default_decode_threads(cores, workers),
         output=options.output,
         transposed=transposed,
         symmetric=symmetric,
-        costs=host_costs(),
+        costs=host_costs() if costs is None else costs,
     )
     return replace(plan, precision=options.precision)
 

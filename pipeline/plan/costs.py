@@ -1,9 +1,10 @@
 """The cost model's constants (pure): a fixed cost per chunk and a rate per byte for each
 thing done to a stored chunk -- fetching an input's, decoding it, encoding OUT's, storing it
 -- and the rate of the product. ``benchmarks/calibrate.py`` measures them on a machine and
-writes them, with the machine's name, to ``pipeline/plan/fitted_costs.py``, which the planner
-reads. A chunk's fixed cost is what makes 64x64 chunks slow: per byte they cost what big ones
-do, but each also pays a file open, a request, zarr's bookkeeping.
+writes them, with the machine's name, to ``pipeline/plan/fitted_costs.py``: the CostModel
+``plan_matmul`` is given when no other is passed (``pipeline.facts.host.host_costs`` passes
+this host's). A chunk's fixed cost is what makes 64x64 chunks slow: per byte they cost what
+big ones do, but each also pays a file open, a request, zarr's bookkeeping.
 
 Another host plans with the same constants scaled by ``for_host``: three quick figures
 (``HostProbe``: one BLAS thread's rate, zstd's decode rate, a piece of interpreter work)
@@ -34,7 +35,7 @@ class ChunkCost:
 
 @dataclass(frozen=True)
 class HostProbe:
-    """A host's quick figures (pipeline.facts.host measures them in about 0.7 s): what
+    """A host's quick figures (pipeline.facts.host measures them in under a second): what
     scales the calibrated costs from the calibration host to another."""
 
     flops_per_second: float

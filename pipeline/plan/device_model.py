@@ -16,7 +16,6 @@ import numpy as np
 
 from kernels.memory.buffers import group_bytes
 from pipeline.plan.costs import CostModel
-from pipeline.plan.fitted_costs import COSTS
 
 DECODE_BYTES_PER_SECOND = 0.6e9
 """Host zstd decode (and encode) of one thread, in bytes/s (numcodecs, measured here)."""
@@ -28,8 +27,8 @@ DEVICE_SLOTS = 2
 STAGED_PANELS = 1
 """Panel pairs decoded ahead of the one on its way to the device, in pinned host memory, per
 task (the engine's depth). A staging buffer comes back as soon as its fast copy is done, so
-one ahead keeps the decode threads busy; a second bought nothing warm and cost a cold job
-(8192² emulated, 2-core EPYC: window 1.24 -> 1.0 s median of 8) in fresh pinned pages."""
+one ahead keeps the decode threads busy; a second buys nothing warm and slows a cold job
+measurably (its fresh pinned pages)."""
 
 
 @dataclass(frozen=True)
@@ -89,11 +88,10 @@ def resource_seconds(
     flops_fraction: float,
     compute_dtype: str,
     decode_threads: int,
-    costs: CostModel | None = None,
+    costs: CostModel,
 ) -> dict[str, float]:
-    """Modelled busy seconds of each resource of one worker (``costs``: the host's, default
-    the calibration's)."""
-    costs = costs or COSTS
+    """Modelled busy seconds of each resource of one worker (``costs``: the host's per-chunk
+    and per-byte costs of storage, decode and write)."""
     kernel = work.flops / (device.flops(compute_dtype) * flops_fraction)
     if device.decodes_chunks:  # the host only reads; decoding shares the device with the gemms
         kernel += work.read_bytes / device.decode_bytes_per_second
@@ -103,7 +101,7 @@ def resource_seconds(
     stored = costs.encode.seconds(work.write_chunks, work.write_bytes)
     stored += costs.write.seconds(work.write_chunks, work.write_bytes)
     return {
-        "storage": fetched / threads,  # calibrated (pipeline.plan.fitted_costs)
+        "storage": fetched / threads,
         "decode": 0.0
         if device.decodes_chunks
         else costs.decode.seconds(work.read_chunks, decoded) / threads,

@@ -77,7 +77,7 @@ def with_device(
     decode_rate = DECODE_BYTES_PER_SECOND * max(decode_threads, 1)
     first = (tm + tn) * width * c
     first_decode = first / (timed.decode_bytes_per_second if device.decodes_chunks else decode_rate)
-    fill = first_decode + first / device.h2d_bytes_per_second + plan.cost_model.task_seconds
+    fill = first_decode + first / device.h2d_bytes_per_second + plan.costs.task_seconds
     fill = share * plan.n_tasks * fill + band * tn * o / decode_rate
     return replace(
         plan,

@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
 from pipeline.plan.costs import CostModel
 from pipeline.plan.device_model import DeviceModel
-from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.model import Work, chunks_per_pass, grouped, makespan, resource_seconds
 from pipeline.plan.spec import ArraySpec, KPanels, Tile
 
-TASK_OVERHEAD_SECONDS = COSTS.task_seconds
-"""Scheduling, store opening and Python per task: favours fewer, bigger tasks on a tie."""
 REDUCE_BYTES_PER_SECOND = 2e9
 """Planning guess of moving and adding split-K partials, in bytes/s."""
 
@@ -52,12 +49,15 @@ class MatmulPlan:
     """Projected peak host memory of one worker (its busy threads and held partials), in bytes."""
     device_bytes: int
     """Projected device memory of one task on the cuda backend, in bytes."""
+    costs: CostModel
+    """The host's cost model the plan's seconds are modelled with (plan.costs.for_host, or the
+    calibration's as committed)."""
     cache_bytes: int = 0
     """Budget of each worker's shared cache of decoded panels, in bytes (spare memory)."""
     device: DeviceModel | None = None
     """The GPU each worker drives (None: a CPU plan, the accumulator on the host)."""
     resource_seconds: tuple[tuple[str, float], ...] = ()
-    """A GPU plan's modelled busy seconds per resource of one worker (see plan.device)."""
+    """A GPU plan's modelled busy seconds per resource of one worker (plan.device_model)."""
     modelled_seconds: float | None = None
     """A GPU plan's modelled makespan, in seconds (None: the CPU model)."""
     decode_threads: int = 1
@@ -70,13 +70,6 @@ class MatmulPlan:
     precision: str = "fp32"
     """The kernel's arithmetic (kernels.backends.PRECISIONS): fp32, or TF32 / 3xTF32 tensor
     cores; stated by --dry-run, fingerprinted, recorded in OUT (the rates stay fp32's)."""
-    costs: CostModel | None = None
-    """The host's cost model (plan.costs.for_host); None: the calibration's as committed."""
-
-    @property
-    def cost_model(self) -> CostModel:
-        """The constants this plan's seconds are modelled with."""
-        return self.costs or replace(COSTS, task_seconds=TASK_OVERHEAD_SECONDS)
 
     @property
     def panel_width(self) -> int:
@@ -251,7 +244,7 @@ def cpu_work(plan: MatmulPlan) -> Work:
 
 def cpu_resource_seconds(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
     """A CPU plan's modelled thread-seconds per resource of one worker (its threads shared)."""
-    seconds = resource_seconds(cpu_work(plan), plan.cost_model)
+    seconds = resource_seconds(cpu_work(plan), plan.costs)
     share = ceil_div(plan.n_tasks, plan.workers) / max(plan.n_tasks, 1)  # the busiest worker's
     return tuple((name, value * share) for name, value in seconds.items())
 

@@ -1,12 +1,11 @@
 """Modelled seconds of a CPU plan per resource, from counts of chunks, bytes and flops (pure).
 
 Every stored chunk pays a fixed cost and a rate per byte for each thing done to it (fetched,
-decoded; OUT's encoded, written), with the constants of pipeline/plan/fitted_costs.py. On the CPU
-all of it shares the worker threads: a task's product runs on the worker's shared gemm threads
-while two more read its next panels and one writes its finished bands, so a job takes about
-its thread-seconds
-over the threads, but no less than its waves of tasks, each a chain that overlaps only in
-part (see makespan).
+decoded; OUT's encoded, written), at the rates of the CostModel passed in (pipeline.plan.costs).
+On the CPU all of it shares the worker threads: a task's product runs on the worker's shared
+gemm threads while two more read its next panels and one writes its finished bands, so a job
+takes about its thread-seconds over the threads, but no less than its waves of tasks, each a
+chain that overlaps only in part (see makespan).
 """
 
 from __future__ import annotations
@@ -15,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 from pipeline.plan.costs import CostModel
-from pipeline.plan.fitted_costs import COSTS
 
 INPUT = ("read", "decode")
 OUTPUT = ("encode", "write")
@@ -45,8 +43,8 @@ class Work:
     """Accumulator bytes allocated and copied out: every task's tile once."""
 
 
-def resource_seconds(work: Work, costs: CostModel = COSTS) -> dict[str, float]:
-    """Thread-seconds of each resource over the whole job."""
+def resource_seconds(work: Work, costs: CostModel) -> dict[str, float]:
+    """Thread-seconds of each resource over the whole job, at ``costs``."""
     rate = costs.flops_per_second * 4 / max(work.compute_itemsize, 4)
     encode = costs.encode_compressed if work.compressed else costs.encode
     return {

@@ -7,26 +7,22 @@ modelled makespan that fits the memory budget is kept. Pure: no I/O and no dask/
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from kernels.backends import CPU, get_backend
 from kernels.constants import CPU_GEMM_BLOCK
 from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
+from pipeline.plan.candidate import BasePlan
 from pipeline.plan.costs import CostModel
 from pipeline.plan.device_model import DeviceModel
-from pipeline.plan.gpu_candidate import first_band_rows, fits, with_device
+from pipeline.plan.fitted_costs import COSTS
+from pipeline.plan.gpu_candidate import fits
 from pipeline.plan.layout import output_spec
 from pipeline.plan.limits import PlanLimits, check_panels, task_limit_message
 from pipeline.plan.matmul import MatmulPlan, ceil_div
-from pipeline.plan.memory import (
-    WORKER_OVERHEAD_BYTES,
-    calculate_cache_bytes,
-    calculate_task_bytes,
-    calculate_worker_bytes,
-)
+from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
 from pipeline.plan.operands import check_contraction, symmetric_layout
 from pipeline.plan.spec import ArraySpec, KPanels, OutputSpec
 from pipeline.plan.units import format_bytes
@@ -80,7 +76,7 @@ def plan_matmul(
     limits: PlanLimits | None = None,
     transposed: tuple[bool, bool] = (False, False),
     symmetric: bool = False,
-    costs: CostModel | None = None,
+    costs: CostModel = COSTS,
 ) -> MatmulPlan:
     """Choose the tile shape and K split that finish soonest within the memory budget.
 
@@ -95,56 +91,42 @@ def plan_matmul(
     ``a`` and ``b`` are the operands as used: ``transposed`` says which are read transposed
     (the memory model counts the copy that places them); ``symmetric``: a Gram product
     (op(B) = op(A)ᵀ), square tiles, only those on and above the diagonal; ``costs``: the
-    host's cost model (plan.costs.for_host), default the calibration's as committed.
+    host's cost model (pipeline.facts.host.host_costs), default the calibration's as committed.
     """
     _check_operands(a, b)
-    if workers < 1 or threads_per_worker < 1:
-        raise UsageError(
-            f"need at least one worker and one thread, got {workers} worker(s) "
-            f"with {threads_per_worker} thread(s)"
-        )
-    out, compute_dtype = output_spec(a, b, output or OutputSpec())
+    _check_workers(workers, threads_per_worker)
+    output = output or OutputSpec()
+    out, compute_dtype = output_spec(a, b, output)
     if symmetric:
         symmetric_layout(out)
-    k = a.shape[1]
     width = panel_width or max(MIN_PANEL_WIDTH, a.chunks[1], b.chunks[0])
-    panels = plan_k_panels(k, a.chunks[1], b.chunks[0], width)
+    panels = plan_k_panels(a.shape[1], a.chunks[1], b.chunks[0], width)
     limits = limits or PlanLimits()
     check_panels(panels, limits)
     spec = get_backend(backend)
     block = gemm_block(out, spec.min_gemm_block)
-    # Calibrated and emulated figures are the backend's own rates; class defaults are peaks.
-    fraction = 1.0 if device and device.source != "defaults" else spec.flops_fraction or 1.0
-    gpu = (device, fraction, decode_threads) if device else None
-    shared = {
-        "a": a,
-        "b": b,
-        "out": out,
-        "compute_dtype": compute_dtype,
-        "k_panels": panels,
-        "split_k": _split_k(out, block, len(panels)),
-        "workers": workers,
-        "threads_per_worker": threads_per_worker,
-        "memory_limit_bytes": memory_limit_bytes,
-        "block_shape": block,
-        "transposed": transposed,
-        "symmetric": symmetric,
-        "prior": (output or OutputSpec()).accumulate,
-        "costs": costs,
-    }
+    base = BasePlan(
+        a=a, b=b, out=out, compute_dtype=compute_dtype, k_panels=panels,
+        split_k=_split_k(out, block, len(panels)), workers=workers,
+        threads_per_worker=threads_per_worker, memory_limit_bytes=memory_limit_bytes,
+        block_shape=block, costs=costs, transposed=transposed, symmetric=symmetric,
+        prior=output.accumulate, cache_fraction=cache_fraction, device=device,
+        flops_fraction=_flops_fraction(device, spec.flops_fraction), decode_threads=decode_threads,
+    )  # fmt: skip
+    shapes = [tile_shape] if tile_shape else _tile_shapes(out, block, symmetric)
+    return _pick((base.candidate(s) for s in shapes), limits, forced=tile_shape is not None)
+
+
+def _pick(plans: Iterable[MatmulPlan], limits: PlanLimits, *, forced: bool) -> MatmulPlan:
+    """The plan with the shortest modelled makespan (ties: fewer bytes read) among those that
+    fit the memory and the task limit; PlanLimitError or MemoryBudgetError when none does."""
     best: tuple[tuple[float, int], MatmulPlan] | None = None
     smallest: MatmulPlan | None = None
     fewest: MatmulPlan | None = None  # the fewest tasks among those that fit the memory
-    candidates = _tile_candidates(out, block)
-    if symmetric:  # one grid both ways: a tile's mirror is a tile
-        candidates = (s for s in candidates if s[0] == s[1])
-    for shape in [tile_shape] if tile_shape else candidates:
-        plan = _candidate(shape, cache_fraction, **shared)
-        if gpu:
-            plan = with_device(plan, *gpu)
+    for plan in plans:
         if smallest is None or plan.worker_bytes < smallest.worker_bytes:
             smallest = plan
-        if not fits(plan, memory_limit_bytes):
+        if not fits(plan, plan.memory_limit_bytes):
             continue
         if fewest is None or plan.n_tasks < fewest.n_tasks:
             fewest = plan
@@ -153,54 +135,28 @@ def plan_matmul(
         score = (plan.estimated_seconds, plan.read_bytes)
         if best is None or score < best[0]:
             best = (score, plan)
-    if best is None and fewest is not None:
-        raise PlanLimitError(task_limit_message(fewest, limits, tile_shape is not None))
-    if best is None:
-        assert smallest is not None
-        raise MemoryBudgetError(_budget_message(smallest, memory_limit_bytes))
-    return best[1]
+    if best is not None:
+        return best[1]
+    if fewest is not None:
+        raise PlanLimitError(task_limit_message(fewest, limits, forced))
+    assert smallest is not None
+    raise MemoryBudgetError(_budget_message(smallest, smallest.memory_limit_bytes))
 
 
-def _candidate(tile_shape: tuple[int, int], cache_fraction: float, **shared: Any) -> MatmulPlan:
-    """The plan for one tile shape, its projected memory included."""
-    a, b, out = shared["a"], shared["b"], shared["out"]
-    compute, split = shared["compute_dtype"], shared["split_k"]
-    tm, tn = tile_shape
-    task, device = calculate_task_bytes(
-        tile_shape=(tm, tn),
-        panel_width=shared["k_panels"].widest,
-        dtypes=(a.dtype, b.dtype, compute, out.dtype),
-        chunks=(a.chunks, b.chunks, out.outer_chunks),  # a shard is encoded whole
-        split_k=split,
-        first_band_rows=first_band_rows(tm, shared["block_shape"][0]),
-        shape=(a.shape[0], a.shape[1], b.shape[1]),
-        prior=shared.pop("prior"),  # kwargs: the caller's dict keeps it
-    )
-    tiles = ceil_div(out.shape[0], tm) * ceil_div(out.shape[1], tn)
-    workers, threads = shared["workers"], shared["threads_per_worker"]
-    # Split-K partials wait in worker memory until their reduction runs.
-    held = ceil_div(tiles * split, workers) if split > 1 else 0
-    worker = calculate_worker_bytes(
-        task_bytes=task,
-        busy_threads=min(threads, tiles * split),
-        held_partials=held,
-        partial_bytes=tm * tn * np.dtype(compute).itemsize,
-    )
-    inputs = (math.prod(a.shape) + math.prod(b.shape)) * np.dtype(compute).itemsize
-    cache = calculate_cache_bytes(
-        memory_limit_bytes=shared["memory_limit_bytes"],
-        worker_bytes=worker,
-        cache_fraction=cache_fraction,
-        inputs_bytes=inputs,
-    )
-    return MatmulPlan(
-        **shared,
-        tile_shape=(tm, tn),
-        task_bytes=task,
-        worker_bytes=worker + cache,
-        device_bytes=device,
-        cache_bytes=cache,
-    )
+def _check_workers(workers: int, threads_per_worker: int) -> None:
+    if workers < 1 or threads_per_worker < 1:
+        raise UsageError(
+            f"need at least one worker and one thread, got {workers} worker(s) "
+            f"with {threads_per_worker} thread(s)"
+        )
+
+
+def _flops_fraction(device: DeviceModel | None, backend_fraction: float | None) -> float:
+    """The share of the device's rate a plan counts on: calibrated and emulated figures are
+    the backend's own rates; a device class's defaults are peaks."""
+    if device is not None and device.source != "defaults":
+        return 1.0
+    return backend_fraction or 1.0
 
 
 def _check_operands(a: ArraySpec, b: ArraySpec) -> None:
@@ -222,12 +178,17 @@ def gemm_block(out: ArraySpec, min_block: int = CPU_GEMM_BLOCK) -> tuple[int, in
     return (max(rows, 1), max(cols, 1))
 
 
-def _tile_candidates(out: ArraySpec, block: tuple[int, int]) -> Iterator[tuple[int, int]]:
-    """Tile shapes made of whole blocks, one per distinct tile count along each axis."""
+def _tile_shapes(
+    out: ArraySpec, block: tuple[int, int], symmetric: bool
+) -> Iterator[tuple[int, int]]:
+    """Tile shapes made of whole blocks, one per distinct tile count along each axis; square
+    ones only for a Gram product (one grid both ways: a tile's mirror is a tile)."""
     (m, n), (bm, bn) = out.shape, block
     for rows in _distinct_multiples(ceil_div(m, bm)):
         for cols in _distinct_multiples(ceil_div(n, bn)):
-            yield (max(min(rows * bm, m), 1), max(min(cols * bn, n), 1))
+            shape = (max(min(rows * bm, m), 1), max(min(cols * bn, n), 1))
+            if not symmetric or shape[0] == shape[1]:
+                yield shape
 
 
 def _distinct_multiples(count: int) -> list[int]:

@@ -2,7 +2,8 @@
 
 Concurrent tiles of one tile column need the same B panels (of one tile row, the same A panels),
 and they walk K in the same order: the first task to ask decodes a panel, the others wait for it
-and reuse it. Decoding is ~10 % of the BLAS time on 2 cores, so decoding once matters.
+and reuse it. On a few cores decoding is a real share of the BLAS time, so decoding once
+matters.
 """
 
 from __future__ import annotations

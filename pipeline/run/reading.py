@@ -2,7 +2,7 @@
 
 A panel is decoded straight into a buffer of the worker's host pool (kernels.memory.buffers), which
 comes back to the pool when the last task holding it lets go, so panels reuse memory instead
-of faulting fresh pages in (issue 13). The worker's panel cache shares a decoded panel among
+of faulting fresh pages in. The worker's panel cache shares a decoded panel among
 the tasks that read it and forgets it after its planned readers. On the GPU path the panel
 lands in the engine's pinned staging buffer: decoded there directly when nothing is cached,
 else copied from the cache.
@@ -46,9 +46,8 @@ def host_pool(budget_bytes: int) -> BufferPool | None:
 def limit_read_concurrency(chunks: int) -> None:
     """Decode at most ``chunks`` chunks at once per read, for this process (zarr's setting is
     global, like the BLAS thread count; the job's TaskSpec says; 0 leaves it). From local disk,
-    decoding is CPU-bound: zarr's 10 at once only raise the peak of fresh codec buffers.
-    12288² float32 on 2 cores: 2 instead of 10 cut minor faults from 134k-147k to 107k and
-    system time from 2.2-4.8 s to 1.8-2.0 s."""
+    decoding is CPU-bound: zarr's 10 at once only raise the peak of fresh codec buffers, and
+    with them the page faults and system time on a machine with few cores."""
     if chunks > 0 and zarr.config.get("async.concurrency") != chunks:
         zarr.config.set({"async.concurrency": chunks})
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from typing import Any
 
@@ -17,6 +17,7 @@ from pipeline.accumulate import tasks as accumulate
 from pipeline.plan.matmul import row_bands
 from pipeline.plan.spec import Tile
 from pipeline.run import events, staged
+from pipeline.run.band_writer import BandWriter
 from pipeline.run.reading import open_task, read_panel
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.timing import PhaseTimes, add_phases
@@ -76,72 +77,19 @@ def tile_product_write(
 ) -> TileStats:
     """The unsplit case: product and write in one task, so the tile never leaves the worker;
     the last panel goes band by band and each finished band is journaled, then written, in a
-    thread (an entry ahead of its bytes: --resume keeps a band only if they give its crc32).
-    ``resume`` (the first row not written, the crc32 of the rows before it): a resumed tile
-    computes only its unwritten rows."""
+    thread (pipeline.run.band_writer). ``resume`` (the first row not written, the crc32 of the
+    rows before it): a resumed tile computes only its unwritten rows."""
     start = time.perf_counter()
-    spec.output.hold(spec.out_folder)
-    out = spec.output.writable(spec.fingerprint)
     clock = PhaseTimes()
-    originals = accumulate.original(spec, tile)  # moved aside before the first write of C
-    first, chain = resume or (tile.rows[0], 0)
-    todo = Tile(tile.index, (first, tile.rows[1]), tile.cols)  # the rows still to write
-    offset = first - tile.rows[0]
-    crc = [chain]  # chained over the bands in row order: the whole tile's crc32
-    journaled = not spec.store.symmetric  # a Gram band writes its mirror too: tiles only
-
-    failed: list[BaseException] = []
-
-    def write(band: tuple[int, int], partial: NDArray[Any]) -> None:
-        if failed:  # rows stay in order: nothing after a band that failed
-            raise failed[0]
-        try:
-            _write(band, partial)
-        except BaseException as e:
-            failed.append(e)
-            raise
-
-    def _write(band: tuple[int, int], partial: NDArray[Any]) -> None:
-        with clock.measure("write"):
-            prior = (
-                None if originals is None else originals.rows(offset + band[0], offset + band[1])
-            )
-            data = accumulate.combine(spec, partial, prior)
-            spec.output.check_fence(spec.lock_token)
-            if spec.store.symmetric:  # the band and its mirror (pipeline.store.mirror)
-                crc[0] = mirror.write_band(out, tile, band, data, crc[0])
-                return
-            rows = (first + band[0], first + band[1])
-            chain = zlib.crc32(data.data, crc[0])
-            if journaled and rows[1] < tile.rows[1]:  # the last band: the tile's entry
-                # Journaled before the write: a kill between the two leaves an entry whose
-                # crc the stored rows do not give (--resume computes them again), and one
-                # after the write keeps the band, so no stored band is lost to the journal.
-                entry = {"fingerprint": spec.fingerprint, "chain": chain}
-                spec.journal.journal_band(tile.index, rows, entry)
-            if data.size:
-                out[rows[0] : rows[1], tile.cols[0] : tile.cols[1]] = data
-            crc[0] = chain
-
-    # One writer thread: bands are written (and their crc chained) in row order.
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="band-write") as writer:
-        written: list[Future[None]] = []
-
-        def finished(band: tuple[int, int], partial: NDArray[Any]) -> None:
-            if len(written) >= 2:
-                with clock.measure("wait"):  # at most two bands queued (host copies on a GPU)
-                    written[-2].result()
-            written.append(writer.submit(write, band, partial))
-
+    with BandWriter(spec, tile, resume, clock) as writer:
+        todo = writer.todo
         if spec.staged:
-            bytes_read = staged.product_bands(spec, todo, panels, clock, finished)
+            bytes_read = staged.product_bands(spec, todo, panels, clock, writer.accept)
         else:
             acc = _accumulator(spec, todo)
-            bytes_read = _multiply(spec, todo, panels, acc, clock, finished)
-        with clock.measure("wait"):
-            for future in written:
-                future.result()  # a failed write raises here
-    return _journal(spec, tile, bytes_read, start, crc[0], clock.as_dict())
+            bytes_read = _multiply(spec, todo, panels, acc, clock, writer.accept)
+        writer.finish()
+    return _journal(spec, tile, bytes_read, start, writer.crc, clock.as_dict())
 
 
 def _block_rows(spec: TaskSpec) -> int | None:

@@ -1,13 +1,13 @@
 """OUT's large chunks written around the page cache (``O_DIRECT``) on a local file system.
 
-A buffered write copies every byte into freshly allocated page-cache pages in the kernel:
-writing 512 MiB with ``dd`` took 1.13 s of system time here, with ``oflag=direct`` 0.07 s (the
-device reads our buffer itself), and OUT's chunks are not read back by the job. zarr's
-LocalStore has no such option, so OUT's store stages a large chunk into a page-aligned buffer
-(O_DIRECT's rule; a copy in user space, far cheaper than the kernel's into new pages), written
-to a temporary file and renamed over the chunk as zarr does. Small objects (metadata, chunks
-under DIRECT_MIN_BYTES) and file systems refusing O_DIRECT (tmpfs) are written buffered. Both
-go through OUT's door (pipeline.store.door).
+A buffered write copies every byte into freshly allocated page-cache pages in the kernel, at
+many times the system time of a direct write (the device reads our buffer itself), and OUT's
+chunks are not read back by the job. zarr's LocalStore has no such option, so OUT's store
+stages a large chunk into a page-aligned buffer (O_DIRECT's rule; a copy in user space, far
+cheaper than the kernel's into new pages), written to a temporary file and renamed over the
+chunk as zarr does. Small objects (metadata, chunks under DIRECT_MIN_BYTES) and file systems
+refusing O_DIRECT (tmpfs) are written buffered. Both go through OUT's door
+(pipeline.store.door).
 """
 
 from __future__ import annotations

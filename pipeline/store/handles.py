@@ -20,8 +20,9 @@ def _open(url: str, options_json: str, mode: str, token: str) -> Any:
         return open_input_array(url, fsspec_options(url, options))
     array = open_output(url, options, mode)  # a local OUT: through its door
     # Every chunk we compute is stored, even one equal to the fill value: zarr would otherwise
-    # compare each with it first (isnan and equal over the whole chunk for a NaN fill: ~0.2
-    # CPU-s of an 8192² job) and delete the stored chunk of a result that happens to be NaN.
+    # compare each with it first (isnan and equal over the whole chunk for a NaN fill: a
+    # measurable share of a job's CPU time) and delete the stored chunk of a result that
+    # happens to be NaN.
     return array.with_config({"write_empty_chunks": True})
 
 

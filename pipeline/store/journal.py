@@ -161,9 +161,10 @@ def _stored(
     out: Any, rows: tuple[int, int], cols: tuple[int, int], dtype: Any
 ) -> NDArray[Any] | None:
     """OUT's block as written, C-ordered: chunk by chunk past zarr's machinery where
-    pipeline.store.chunks.unsharded covers OUT's layout (4x faster for raw float chunks). None when
-    a chunk of it cannot be decoded (truncated, overwritten by something else): those rows
-    are computed again. A storage that cannot be reached is an error of its own."""
+    pipeline.store.chunks.unsharded covers OUT's layout (several times faster for raw float
+    chunks). None when a chunk of it cannot be decoded (truncated, overwritten by something
+    else): those rows are computed again. A storage that cannot be reached is an error of its
+    own."""
     block = np.empty((rows[1] - rows[0], cols[1] - cols[0]), dtype)
     try:
         if chunk_read.read_into(out, rows, cols, block):

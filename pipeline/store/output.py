@@ -8,9 +8,10 @@ workers write whole chunks through ``writable`` and journal each tile.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -36,8 +37,8 @@ from pipeline.store.fs import (
     write_bytes,
 )
 from pipeline.store.handles import cached_array, open_output
-from pipeline.store.owned import ATTRS_KEY
 from pipeline.store.reach import check_apart
+from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 
 if TYPE_CHECKING:
     from pipeline.plan.matmul import MatmulPlan
@@ -72,30 +73,39 @@ class Output:
         """Refuse a local OUT that reaches a folder or file an input reaches, links followed."""
         check_apart("OUT", self.url, inputs)
 
-    def state(self) -> dict[str, Any] | None:
+    def record(self) -> OutRecord | None:
         """None when OUT does not exist (or is a folder holding nothing but a lock); our
-        attributes when it is one of our arrays; else refuse (something this tool did not
-        write is never replaced)."""
+        record when it is one of our arrays; else refuse (something this tool did not write,
+        or whose record is malformed, is never replaced)."""
         exists, found = self._listing()
         if not exists:
             return None
-        record = None if found is None else owned.read_record(self.url, self.storage_options, found)
-        if found is not None and record is None and not owned.classify(found, None)[1]:
+        layout = None if found is None else owned.read_record(self.url, self.storage_options, found)
+        if found is not None and layout is None and not owned.classify(found, None)[1]:
             return None  # an empty folder, or one holding only a lock: a new OUT
-        attrs = None
-        if record is not None and record.ours:
-            try:
-                attrs = dict(self._open("r").attrs).get(ATTRS_KEY)
-            except Exception:  # noqa: BLE001 - anything unreadable is "not ours"
-                attrs = None
-        if not isinstance(attrs, dict):
+        ours = None if layout is None else layout.out  # the record read once, with the layout
+        if ours is not None and not self._opens():
+            ours = None
+        if ours is None:
             names = [] if found is None else sorted(found.files) + sorted(found.other)
             held = f" (it holds {owned.describe(names)})" if names else ""
             raise UnsafeOutputError(
                 f"OUT ({self.url}) exists and is not a Zarr array written by this tool{held}; "
                 "it will not be replaced: choose another OUT path or remove it yourself"
             )
-        return attrs
+        return ours
+
+    def state(self) -> dict[str, Any] | None:
+        """``record`` as its stored fields (what planning keeps and ``claim`` compares)."""
+        ours = self.record()
+        return None if ours is None else ours.to_dict()
+
+    def _opens(self) -> bool:
+        try:
+            self._open("r")
+        except Exception:  # noqa: BLE001 - anything zarr can't open is "not ours"
+            return False
+        return True
 
     def _listing(self) -> tuple[bool, owned.Found | None]:
         """Whether OUT exists, and its content (None: it is not a folder)."""
@@ -193,7 +203,7 @@ class Output:
         shape: tuple[int, int],
         chunks: tuple[int, int],
         dtype: str,
-        attributes: dict[str, Any],
+        record: OutRecord | Mapping[str, Any],
         *,
         shards: tuple[int, int] | None = None,
         dimension_names: tuple[str, str] | None = None,
@@ -201,9 +211,11 @@ class Output:
     ) -> Any:
         """Create OUT, never over anything (``claim`` and ``remove_ours`` come first): Zarr v3
         (v2 inside a v2 group, with xarray's ``_ARRAY_DIMENSIONS``). Floats are filled with
-        NaN so unwritten tiles show."""
+        NaN so unwritten tiles show. ``record``: OUT's, or its stored fields."""
         fill = np.nan if np.dtype(dtype).kind in "fc" else 0
-        attrs: dict[str, Any] = {ATTRS_KEY: attributes}
+        if not isinstance(record, OutRecord):
+            record = OutRecord.from_dict(record)
+        attrs: dict[str, Any] = record.attributes()
         names: dict[str, Any] = {}
         if dimension_names is not None and zarr_format == 3:
             names["dimension_names"] = dimension_names
@@ -271,11 +283,26 @@ class Output:
         """Drop journal entries: those tiles are computed again."""
         journal.forget(self.url, self.storage_options, tiles)
 
-    def mark(self, fingerprint: str, **attrs: Any) -> None:
-        """Merge ``attrs`` (``complete``, ``verified``) into OUT's attributes."""
+    def mark(
+        self, fingerprint: str, *, complete: bool | None = None, verified: bool | None = None
+    ) -> None:
+        """Set the fingerprint, ``complete`` and ``verified`` (those given) in OUT's record."""
         array = self._open("r+")
-        current = dict(array.attrs).get(ATTRS_KEY, {})
-        array.attrs[ATTRS_KEY] = {**current, "fingerprint": fingerprint, **attrs}
+        current = of_array(array)
+        if current is None and ATTRS_KEY in dict(array.attrs):
+            raise UnsafeOutputError(
+                f"OUT ({self.url}): its {ATTRS_KEY} attribute is no record this tool wrote "
+                "(changed while the job ran?); OUT is left unmarked: check it, then remove it "
+                "or choose another OUT"
+            )
+        base = current or OutRecord()
+        marked = dataclasses.replace(
+            base,
+            fingerprint=fingerprint,
+            complete=base.complete if complete is None else complete,
+            verified=base.verified if verified is None else verified,
+        )
+        array.attrs.update(marked.attributes())
 
     def check_fence(self, lock_token: str) -> None:
         """Worker side, before each write: the job that sent this task still holds OUT's lock
@@ -330,9 +357,9 @@ class Output:
 def output_compressors(dtype: str, zarr_format: int = 3) -> Any:
     """The output codec: config ``tilegemm.output-compressor`` = auto | none | lz4 | zstd.
 
-    auto: none for float and complex products — their mantissas are noise (Blosc-LZ4 stored
-    a 12288² float32 product at ratio 1.07 for 3x the write CPU of no compression, zstd 1.09
-    at 3x), and writing is on the critical path; Blosc-LZ4 for integers, which compress.
+    auto: none for float and complex products — their mantissas are noise (Blosc-LZ4 and zstd
+    save under a tenth of a float32 product's bytes for several times the write CPU of no
+    compression), and writing is on the critical path; Blosc-LZ4 for integers, which compress.
     """
     choice = settings.get("output-compressor")  # "none" also when the environment gave None
     if choice == "auto":

@@ -1,7 +1,7 @@
 """What inside OUT this tool wrote, by OUT's own record, never by a name's look alone.
 
 OUT's metadata (its shape, its chunk or shard grid, its key encoding, the tile shape in our
-``tilegemm`` attributes) says exactly which names an array of ours holds: its metadata
+record, pipeline/store/record.py) says exactly which names an array of ours holds: its metadata
 document, the chunk keys of its grid in its own key encoding, the journal's entries of its tile
 grid, its input listings and lock, an accumulation's folder, and the temporary
 ``NAME.<32 hex>.partial`` files of interrupted writes of those names. Anything else (``2024.06``,
@@ -21,10 +21,10 @@ from pipeline.errors import InputError
 from pipeline.store.door import Door
 from pipeline.store.fs import local_path, read_json, url_to_fs
 from pipeline.store.lock import LOCK_NAME
+from pipeline.store.record import ATTRS_KEY as ATTRS_KEY
+from pipeline.store.record import OutRecord, of_array, of_attributes
 from pipeline.store.signature import LISTING_NAME
 
-ATTRS_KEY = "tilegemm"
-"""Attribute namespace this tool writes into OUT; its presence marks OUT as ours."""
 METADATA_NAMES = ("zarr.json", ".zarray", ".zattrs")
 """An array's metadata documents, Zarr v3 and v2."""
 SIDECAR = ".tilegemm-accumulate"
@@ -50,9 +50,16 @@ class Record:
     separator: str
     prefix: str
     """``c`` + separator for v3's default key encoding; empty for v2 and v3's ``v2``."""
-    tile_shape: tuple[int, int] | None
-    ours: bool
-    """The metadata carries our attributes (else only C's own names are known)."""
+    out: OutRecord | None
+    """Our record in its attributes (None: only C's own names are known)."""
+
+    @property
+    def ours(self) -> bool:
+        return self.out is not None
+
+    @property
+    def tile_shape(self) -> tuple[int, int] | None:
+        return None if self.out is None else self.out.tile_shape
 
     def grid(self) -> tuple[int, int]:
         return (
@@ -154,14 +161,7 @@ def _v2_record(
 def _with_attrs(
     fmt: int, shape: Any, outer: Any, separator: str, prefix: str, attrs: dict[str, Any]
 ) -> Record:
-    ours = attrs.get(ATTRS_KEY) if isinstance(attrs, dict) else None
-    tile = ours.get("tile_shape") if isinstance(ours, dict) else None
-    tile_shape = (
-        (int(tile[0]), int(tile[1]))
-        if isinstance(tile, list) and len(tile) == 2 and all(isinstance(t, int) for t in tile)
-        else None
-    )
-    return Record(fmt, shape, outer, separator, prefix, tile_shape, isinstance(ours, dict))
+    return Record(fmt, shape, outer, separator, prefix, of_attributes(attrs))
 
 
 @dataclass(frozen=True)
@@ -283,8 +283,8 @@ def describe(names: Iterable[str]) -> str:
 def check_finished(array: Any, name: str, url: str) -> None:
     """Refuse an input that is an unfinished product of this tool: its unwritten tiles read
     as NaN (or 0), which no product of it would show."""
-    ours = dict(array.attrs).get(ATTRS_KEY)
-    if isinstance(ours, dict) and ours.get("complete") is False:
+    ours = of_array(array)
+    if ours is not None and ours.complete is False:
         raise InputError(
             f"{name} ({url}) is an unfinished product of this tool (some tiles are not written "
             "yet); finish it first with `multiply ... --resume` (or --overwrite), then use it"

@@ -50,7 +50,7 @@ from pipeline.plan.spec import ArraySpec
 from pipeline.run.client import wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
-from pipeline.store.owned import ATTRS_KEY
+from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 from pipeline.verify import symmetry, tasks
 from pipeline.verify.nonfinite import OVERFLOW_MARGIN
 from pipeline.verify.tasks import GAUSSIAN_MAD, SAFETY, TAU, U64, CheckSpec, RowCheck
@@ -136,9 +136,9 @@ def verify_product(
     equal its transpose bitwise."""
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
-    (a, b, c), transposed, symmetric = check_operation(a_url, b_url, c_url, options, given)
-    alpha = _recorded_alpha(c_url, options) if alpha is None else alpha
-    precision = precision or _recorded_precision(c_url, options)
+    (a, b, c), transposed, symmetric, ours = _operation(a_url, b_url, c_url, options, given)
+    alpha = _recorded_alpha(ours) if alpha is None else alpha
+    precision = precision or _recorded_precision(ours)
     scaled = None
     if c_old is not None or alpha != 1:
         old_url, beta = c_old if c_old is not None else (None, 0.0)
@@ -248,11 +248,22 @@ def check_operation(
 ) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool]:
     """``check_shapes``, with the transposes (given, else C's record) and whether C is a
     Gram product's."""
+    return _operation(a_url, b_url, c_url, options, given)[:3]
+
+
+def _operation(
+    a_url: str,
+    b_url: str,
+    c_url: str,
+    options: dict[str, Any] | None,
+    given: tuple[bool | None, bool | None],
+) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool, OutRecord | None]:
+    """``check_operation``, and C's record: C is opened once, its record read once."""
     a = io.array_spec(io.open_input(a_url, options, "A"), "A")
     b = io.array_spec(io.open_input(b_url, options, "B"), "B")
-    c_array = io.open_input(c_url, options, "C")
-    _check_finished(c_array, (a_url, b_url, c_url))
-    transposed, symmetric = symmetry.recorded(c_array, given, c_url)
+    c_array, ours = _open_c(c_url, options)
+    _check_finished(ours, (a_url, b_url, c_url))
+    transposed, symmetric = symmetry.recorded(ours, given, c_url)
     a, b = operands(a, b, transposed)
     c = io.array_spec(c_array, "C")
     (m, k), n = a.shape, b.shape[1]
@@ -262,20 +273,24 @@ def check_operation(
             f"{'Bᵀ' if transposed[1] else 'B'} {b.shape[0]}x{n}, C {c.shape[0]}x{c.shape[1]}; "
             f"C must be {m}x{n}"
         )
-    return (a, b, c), transposed, symmetric
+    return (a, b, c), transposed, symmetric, ours
 
 
-def _recorded_alpha(c_url: str, options: dict[str, Any]) -> float:
+def _open_c(c_url: str, options: dict[str, Any] | None) -> tuple[Any, OutRecord | None]:
+    """C, read-only, and its record (None: C has none, or a malformed one: not ours)."""
+    c = io.open_input(c_url, options, "C")
+    return c, of_array(c)
+
+
+def _recorded_alpha(ours: OutRecord | None) -> float:
     """The α a product of ours was scaled by (``--alpha``; 1 when none is recorded)."""
-    ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
-    return float(ours.get("alpha", 1.0)) if isinstance(ours, dict) else 1.0
+    return 1.0 if ours is None or ours.alpha is None else ours.alpha
 
 
-def _recorded_precision(c_url: str, options: dict[str, Any]) -> str:
+def _recorded_precision(ours: OutRecord | None) -> str:
     """The precision a product of ours was computed at (``--precision``; fp32 when none is
-    recorded, as before the option)."""
-    ours = dict(io.open_input(c_url, options, "C").attrs).get(ATTRS_KEY)
-    found = ours.get("precision", "fp32") if isinstance(ours, dict) else "fp32"
+    recorded: a record without the field was computed at fp32)."""
+    found = "fp32" if ours is None or ours.precision is None else ours.precision
     if found not in PRECISIONS:
         raise InputError(
             f"C records precision {found!r}, not one of {', '.join(PRECISIONS)}; pass "
@@ -284,11 +299,10 @@ def _recorded_precision(c_url: str, options: dict[str, Any]) -> str:
     return str(found)
 
 
-def _check_finished(c: Any, urls: tuple[str, str, str]) -> None:
+def _check_finished(ours: OutRecord | None, urls: tuple[str, str, str]) -> None:
     """Refuse a C this tool started and has not finished: its unwritten tiles would be
-    reported as wrong elements. A C without our attributes is checked as given."""
-    ours = dict(c.attrs).get(ATTRS_KEY)
-    if isinstance(ours, dict) and ours.get("complete") is False:
+    reported as wrong elements. A C without our record is checked as given."""
+    if ours is not None and ours.complete is False:
         raise UnfinishedOutputError(
             f"C ({urls[2]}) is a product `multiply` has not finished writing (its "
             f"{ATTRS_KEY}.complete attribute is false), so its unwritten tiles would be "

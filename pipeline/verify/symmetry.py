@@ -9,30 +9,28 @@ from typing import Any
 from distributed import Client, Future
 
 from pipeline.errors import UsageError
-from pipeline.store.owned import ATTRS_KEY
+from pipeline.store.record import ATTRS_KEY, OutRecord
 from pipeline.verify import tasks
-
-FLAGS = ("transpose_a", "transpose_b")
 
 
 def recorded(
-    c: Any, given: tuple[bool | None, bool | None], url: str
+    ours: OutRecord | None, given: tuple[bool | None, bool | None], url: str
 ) -> tuple[tuple[bool, bool], bool]:
-    """(the transposes, symmetric) of the product C holds: as given, else as C's attributes
-    record them; a given transpose that differs from C's record is refused."""
-    ours = dict(c.attrs).get(ATTRS_KEY)
-    ours = ours if isinstance(ours, dict) else {}
-    record = (bool(ours.get(FLAGS[0])), bool(ours.get(FLAGS[1])))
+    """(the transposes, symmetric) of the product C holds: as given, else as C's record
+    (``ours``; None: C has none) says; a given transpose that differs from C's record is
+    refused."""
+    ours = ours or OutRecord()
+    record = (ours.transpose_a, ours.transpose_b)
     chosen = (
         record[0] if given[0] is None else bool(given[0]),
         record[1] if given[1] is None else bool(given[1]),
     )
-    if "fingerprint" in ours and chosen != record:
+    if ours.fingerprint is not None and chosen != record:
         raise UsageError(
             f"C ({url}) records the product {_text(record)} (its {ATTRS_KEY} attributes), not "
             f"{_text(chosen)}; drop the --transpose flags (verify reads them from C)"
         )
-    return chosen, bool(ours.get("symmetric"))
+    return chosen, ours.symmetric
 
 
 def submit(client: Client, job: tasks.CheckSpec, run: str) -> list[Future[Any]]:

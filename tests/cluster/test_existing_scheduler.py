@@ -1,7 +1,9 @@
-"""`--scheduler ADDRESS`: the CLI joins a running `dask scheduler` and never shuts it down."""
+"""`--scheduler ADDRESS` and `--scheduler-file PATH`: the CLI joins a running `dask scheduler`
+and never shuts it down."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -14,6 +16,10 @@ import pytest
 import zarr
 from distributed import Client
 
+from cluster.lifecycle import scheduler_address, start
+from cluster.spec import ClusterSpec
+from pipeline.api import prepare
+from pipeline.errors import ClusterError, UsageError
 from tests.cluster.processes import QUIET_HTTP, START_TIMEOUT_S, env, read_address, spawn, stop
 from tests.helpers import assert_product, random_matrix, write_array
 
@@ -25,6 +31,7 @@ class RunningCluster:
     address: str
     processes: list[subprocess.Popen[bytes]]
     workers: int
+    scheduler_file: Path
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ def running_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
         )
         with Client(address, timeout=START_TIMEOUT_S) as client:
             client.wait_for_workers(2, timeout=START_TIMEOUT_S)
-        yield RunningCluster(address, processes, workers=2)
+        yield RunningCluster(address, processes, workers=2, scheduler_file=scheduler_file)
     finally:
         for process in reversed(processes):
             stop(process)
@@ -126,3 +133,72 @@ def test_unreachable_scheduler_is_one_error_line(tmp_path: Path) -> None:
     assert "tcp://127.0.0.1:1" in errors[0]
     assert elapsed < 20, f"took {elapsed:.1f} s to give up"
     assert not out.exists(), "OUT was created although no cluster was reached"
+
+
+def test_the_scheduler_file_names_the_running_scheduler(running_cluster: RunningCluster) -> None:
+    """The file `dask scheduler --scheduler-file` wrote leads to that scheduler."""
+    assert scheduler_address(str(running_cluster.scheduler_file)) == running_cluster.address
+    with start(ClusterSpec(scheduler_file=str(running_cluster.scheduler_file))) as client:
+        assert len(client.scheduler_info()["workers"]) == running_cluster.workers
+    _assert_alive(running_cluster)
+
+
+def test_a_scheduler_file_that_never_comes_is_one_error(tmp_path: Path) -> None:
+    missing = tmp_path / "scheduler.json"
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"does not exist after 0\.3 s; start the scheduler"):
+        scheduler_address(str(missing), wait_s=0.3)
+    assert time.monotonic() - started < 5
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [(b"not json", "JSONDecodeError"), (b'{"id": 1}', "KeyError"), (b'{"address": 7}', "not text")],
+)
+def test_a_scheduler_file_without_an_address_is_refused(
+    tmp_path: Path, content: bytes, problem: str
+) -> None:
+    path = tmp_path / "scheduler.json"
+    path.write_bytes(content)
+    with pytest.raises(ClusterError, match=f"holds no scheduler address.*{problem}"):
+        scheduler_address(str(path), wait_s=0.2)
+
+
+def test_a_fifo_or_a_huge_file_is_not_read_as_a_scheduler_file(tmp_path: Path) -> None:
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    with pytest.raises(ClusterError, match="not a regular file"):
+        scheduler_address(str(fifo), wait_s=0.2)
+    huge = tmp_path / "huge.json"
+    huge.write_bytes(b" " * (1 << 20))
+    with pytest.raises(ClusterError, match="more than"):
+        scheduler_address(str(huge), wait_s=0.2)
+
+
+def test_scheduler_and_scheduler_file_exclude_each_other() -> None:
+    with pytest.raises(UsageError, match="give one of them"):
+        ClusterSpec(scheduler="tcp://127.0.0.1:8786", scheduler_file="scheduler.json")
+
+
+def test_multiply_through_the_scheduler_file(
+    running_cluster: RunningCluster, tmp_path: Path
+) -> None:
+    a, b, a_url, b_url = _inputs(tmp_path, seed=4)
+    out = str(tmp_path / "c.zarr")
+    path = str(running_cluster.scheduler_file)
+    done = run_cli("multiply", a_url, b_url, out, "--scheduler-file", path, "--no-progress")
+    assert done.returncode == 0, done.stderr
+    assert_product(zarr.open_array(out, mode="r")[:], a, b)
+    _assert_alive(running_cluster)
+
+
+@pytest.mark.parametrize(("asked", "share"), [(0.5, 0.5), ("auto", 1.0), ("0.25", 0.25)])
+def test_a_fraction_is_of_the_running_workers_limit(
+    running_cluster: RunningCluster, tmp_path: Path, asked: object, share: float
+) -> None:
+    """On workers started with --memory-limit 2GiB, 0.5 plans for 1 GiB each, auto for 2."""
+    _, _, a_url, b_url = _inputs(tmp_path, seed=5)
+    job = prepare(a_url, b_url, str(tmp_path / "c.zarr"), memory_limit=asked)  # type: ignore[arg-type]
+    with Client(running_cluster.address, timeout=20) as client:
+        planned = job.for_cluster(client).plan.memory_limit_bytes
+    assert planned == int(share * 2 * 2**30)

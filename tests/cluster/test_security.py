@@ -1,4 +1,4 @@
-"""Nothing exposed (issue 16): a local cluster's listeners are on loopback (real sockets),
+"""Nothing exposed: a local cluster's listeners are on loopback (real sockets),
 its processes refuse peers without its temporary TLS credentials, its dashboard takes
 websockets from its own origin and requests for its own host names only."""
 

@@ -64,7 +64,7 @@ def _scheduler_tick_ms(dask_scheduler: object) -> float:
 
 @pytest.mark.parametrize("workers", [1, 2], ids=["in-process", "processes"])
 def test_event_loop_ticks_once_a_second(workers: int) -> None:
-    # distributed's default (20 ms) costs 0.2 CPU-s per 10 s of an idle in-process cluster
+    # distributed's default (20 ms) costs a steady share of a core on an idle cluster
     spec = ClusterSpec(workers=workers, threads_per_worker=1, dashboard_address=":0")
     with (
         dask.config.set({"distributed.admin.tick.interval": "20ms"}),

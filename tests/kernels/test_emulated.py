@@ -1,7 +1,7 @@
 """The emulated device: stream order, events across streams, engines, memory, calibration.
 
 Rates are chosen so each operation takes 10-40 ms of modelled time: long against the
-scheduling noise of a shared 2-core machine, short enough for a fast suite.
+scheduling noise of a shared machine with few cores, short enough for a fast suite.
 """
 
 from __future__ import annotations

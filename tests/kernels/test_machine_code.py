@@ -97,8 +97,9 @@ def test_default_kernel_meets_static_targets(reports: dict[str, Any], dtype: str
 
 @pytest.mark.parametrize("precision", ["tf32", "3xtf32"])
 def test_tensor_core_kernels_meet_their_targets(reports: dict[str, Any], precision: str) -> None:
-    """Issue 21's static gate: HMMA in the hot loop as designed, no FFMA main loop, no spills
-    or local memory, <= 255 registers and >= 2 blocks per SM by ptxas's numbers."""
+    """The tensor-core kernels' static gate: HMMA in the hot loop as designed, no FFMA main
+    loop, no spills or local memory, <= 255 registers and >= 2 blocks per SM by ptxas's
+    numbers."""
     from kernels.cuda.tensor.kernel import SPECS
 
     spec = SPECS[precision]

@@ -10,12 +10,12 @@ seed 0: normwise ||C - AB||_F / ||AB||_F and worst max|C - AB| / max|AB| (printe
     512   2.9e-7 / 4.8e-7  4.1e-7 / 9.1e-7  2.6e-4 / 2.6e-4  2.6e-7 / 5.0e-7  1.6e-7 / 3.2e-7
     4096  3.7e-7 / 5.1e-7  1.1e-6 / 2.5e-6  2.6e-4 / 2.7e-4  7.1e-7 / 1.5e-6  4.1e-7 / 1.0e-6
 
-TF32 stays at ~2^-12 whatever K (its rounding of A and B). "3xtf32 before" is the first kernel,
-whose three mma per k-step went straight into the long accumulator: three roundings at its
-magnitude per k-step, 1536 at K = 4096, worst element 2.9x numpy's. The kernel now chains them
-through a temporary from zero and adds that once (one rounding at the accumulator's magnitude
-per k-step): worst element 1.97x numpy's at K = 4096 (issue 21's target: <= 2x), normwise
-within 1.2x. A thin margin: seeds 1-5 give 1.5x-1.84x.
+TF32 stays at ~2^-12 whatever K (its rounding of A and B). "3xtf32 before" sends the three mma
+per k-step straight into the long accumulator: three roundings at its magnitude per k-step,
+1536 at K = 4096, worst element 2.9x numpy's. The kernel chains them through a temporary from
+zero and adds that once (one rounding at the accumulator's magnitude per k-step): worst
+element 1.97x numpy's at K = 4096 (the target: <= 2x), normwise within 1.2x. A thin margin:
+seeds 1-5 give 1.5x-1.84x.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def _accuracy(k: int) -> dict[str, tuple[float, float]]:
 def test_accuracy_at_k(k: int) -> None:
     """The module docstring's table. 3xTF32 is float32-class: normwise within 2x a blocked
     float32 product's (a fixed order: numpy's own depends on the machine's BLAS kernel), worst
-    element better than our fp32 kernel's K-order sum and than the first 3xTF32 kernel's; TF32
+    element better than our fp32 kernel's K-order sum and than "3xtf32 before"'s; TF32
     normwise within 2^-10 (both operands rounded to u = 2^-11) and within the helpers' TF32
     bound."""
     errors = _accuracy(k)
@@ -244,10 +244,11 @@ def test_accuracy_at_k(k: int) -> None:
 
 def test_3xtf32_worst_error_within_twice_a_blocked_float32_product_at_k_4096() -> None:
     """The accuracy target, on the emulation: the worst element of 3xTF32 within 2x that of a
-    blocked float32 product at K = 4096 (seed 0: 1.67x). The first kernel's scheme, three mma
-    per k-step into the long accumulator, misses it (2.46x): the target tells the two apart.
-    The reference is a fixed order, not numpy's float32 matmul, whose worst element moved
-    from 5.1e-7 to 4.2e-7 with the BLAS kernel (OPENBLAS_CORETYPE=Haswell) and failed this."""
+    blocked float32 product at K = 4096 (seed 0: 1.67x). The scheme of "3xtf32 before", three
+    mma per k-step into the long accumulator, misses it (2.46x): the target tells the two
+    apart. The reference is a fixed order, not numpy's float32 matmul, whose worst element
+    depends on the BLAS kernel (5.1e-7, or 4.2e-7 under OPENBLAS_CORETYPE=Haswell, which fails
+    this)."""
     errors = _accuracy(4096)
     reference_worst = errors["fp32 blocked-16"][1]
     assert errors["3xtf32"][1] <= 2 * reference_worst, errors

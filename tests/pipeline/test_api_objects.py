@@ -59,7 +59,7 @@ def test_arrays_and_pathlike(tmp_path: Path, client: Client, ab: tuple[Any, Any,
 
 
 def test_file_urls(tmp_path: Path, ab: tuple[Any, Any, str, str]) -> None:
-    """file:// OUT used to fail with a raw FileNotFoundError (exit 1)."""
+    """file:// URLs, OUT's included, run as plain paths do (no raw FileNotFoundError)."""
     a, b, a_url, b_url = ab
     out = tmp_path / "c.zarr"
     done = run_cli("multiply", f"file://{a_url}", f"file://{b_url}", f"file://{out}", *FAST)

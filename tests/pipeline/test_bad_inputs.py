@@ -23,6 +23,7 @@ import pytest
 import zarr
 
 from cluster.lifecycle import CONNECT_TIMEOUT_S
+from pipeline.store.record import of_array
 from tests.helpers import assert_product, file_modes_bind, random_matrix, run_cli, write_array
 
 CLUSTER = ("--dashboard-address", "127.0.0.1:0", "--no-progress")
@@ -145,7 +146,7 @@ def test_bad_chunk_is_named(
     done = run_cli("multiply", a, b, str(out), *CLUSTER, *cluster)
     assert_refused(done, 2, [*words, "cannot be read", "restore that chunk", "--resume"])
     assert tree_digest(inputs) == before, "an input changed"
-    assert dict(zarr.open_array(str(out), mode="r").attrs)["tilegemm"]["complete"] is False
+    assert of_array(zarr.open_array(str(out), mode="r")).complete is False
 
 
 def test_restored_chunk_then_resume_finishes(inputs: Path) -> None:
@@ -307,7 +308,7 @@ def test_empty_0x0_product(tmp_path: Path) -> None:
     assert "tiles computed 0, skipped 0" in done.stdout
     c = zarr.open_array(str(out), mode="r")
     assert c.shape == (0, 0) and c.dtype == np.float32
-    assert dict(c.attrs)["tilegemm"]["complete"] is True
+    assert of_array(c).complete is True
 
 
 @pytest.mark.parametrize(

@@ -20,6 +20,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
+from pipeline.store import record
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 from tests.pipeline.test_accumulate import assert_once, expected
 from tests.pipeline.test_accumulate import setup as accumulate_setup
@@ -103,7 +104,7 @@ def test_resume_computes_only_the_unwritten_rows(
     assert result.plan.n_tiles == 1 and seen == [(written[-1][1], M)], "the unwritten rows only"
     assert_product(zarr.open_array(str(out), mode="r")[:], a, b)
     assert _bands(out) == [], "band entries are dropped once the job completes"
-    assert dict(zarr.open_array(str(out)).attrs)["tilegemm"]["complete"] is True
+    assert record.of_array(zarr.open_array(str(out))).complete is True
 
 
 def test_a_band_journaled_but_not_written_is_computed_again(

@@ -2,7 +2,7 @@
 links to devices or sparse giants, whose shard indexes claim gigabytes, and whose codec chains
 (Zarr v2 filters, bz2, lzma, v3 chains of compressors) decode a few KB into gigabytes, are
 refused within seconds and well under 256 MiB, naming the chunk; honest arrays of the same
-codecs multiply as before. The storage-options file and variable are bounded too."""
+codecs multiply as usual. The storage-options file and variable are bounded too."""
 
 from __future__ import annotations
 
@@ -179,7 +179,7 @@ WIDER = [{"id": "astype", "encode_dtype": "<f8", "decode_dtype": "<f4"}]  # 8 MB
 @pytest.mark.parametrize(
     ("store", "key", "words"),
     [
-        (  # a filter no longer lets the compressor decode unbounded
+        (  # a filter does not let the compressor decode unbounded
             lambda p: v2_store(p, rle_frame(2 * GiB, 2 * GiB), {"id": "zstd"}, DELTA),
             "0.0",
             "zstd chunk declares 2,147,483,648 bytes where it decodes into 1000x1000 float32 "

@@ -21,6 +21,7 @@ import zarr
 from distributed import Client
 
 from pipeline.cli.main import build_parser, dashboard_address, main, parse_args
+from pipeline.store.record import of_array
 from pipeline.summary import report_context
 from tests.child_env import child_env
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
@@ -208,7 +209,7 @@ def test_ctrl_c_ends_with_one_line_and_resume_finishes(
         "--resume to finish OUT"
     ], stderr
     assert "Traceback" not in stderr and "Warning" not in stderr, stderr
-    assert zarr.open_array(out).attrs["tilegemm"]["complete"] is False
+    assert of_array(zarr.open_array(out)).complete is False
     resumed = run_cli("multiply", a_url, b_url, out, "--resume", "--no-progress")  # keeps int64
     assert resumed.returncode == 0, resumed.stderr
     assert_product(zarr.open_array(out)[:], a, b, "int64")

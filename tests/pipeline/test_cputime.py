@@ -19,7 +19,7 @@ from tests.helpers import random_matrix, run_cli, write_array
 
 def _spin(seconds: float) -> None:
     """Burn ``seconds`` of this thread's CPU time, however fast the machine or busy its cores
-    (an iteration count took 0.3 CPU-s on one host and 0.74 on another); the clock is read
+    (a fixed iteration count takes twice as long on one host as on another); the clock is read
     once per 100,000 iterations, so the time is user time."""
     start = time.thread_time()
     while time.thread_time() - start < seconds:

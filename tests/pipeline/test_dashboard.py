@@ -55,7 +55,7 @@ def task_prefixes(base: str) -> set[str]:
 
 
 def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
-    # Integer products go through numpy's loops, not BLAS: ~20 s of work here from 8 MiB
+    # Integer products go through numpy's loops, not BLAS: many seconds of work from 8 MiB
     # inputs, on one thread. The job is stopped as soon as the dashboard has been seen.
     # int16 inputs into int64 (--dtype): int32 inputs could overflow any integer dtype.
     rng = np.random.default_rng(0)
@@ -119,7 +119,7 @@ def listening(pid: int) -> set[tuple[str, int]]:
 @pytest.mark.parametrize(
     ("address", "message"),
     [
-        # not HOST:PORT: refused before anything runs (it used to fail after the cluster started)
+        # not HOST:PORT: refused before anything runs, not once the cluster has started
         ("nonsense", "dashboard address 'nonsense' is not HOST:PORT"),
         ("127.0.0.1:70000", "a port from 0 to 65535"),
         # every interface: a local cluster listens on loopback only

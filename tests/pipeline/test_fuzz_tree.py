@@ -29,9 +29,9 @@ from tests.pipeline.fuzz_tree import (
 )
 
 SEEDS = range(30)
-"""~3-4 s each on 2 cores (three CLI runs of ~1 s, sometimes a fourth for an OUT of ours)."""
+"""Each runs the CLI three times, sometimes a fourth for an OUT of ours."""
 COMMAND_TIMEOUT_S = 30.0
-"""A clean command takes ~1 s; one still running after this hangs."""
+"""Far longer than a clean command takes; one still running after this hangs."""
 
 
 @pytest.mark.parametrize("seed", SEEDS)

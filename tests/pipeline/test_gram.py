@@ -4,6 +4,7 @@ each written with its mirror: against float64 numpy, bitwise symmetric, resumed,
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,12 @@ from distributed import Client
 
 from pipeline import gram, multiply, verify_product
 from pipeline.errors import InputError, UsageError
-from pipeline.gram import prepare_gram
+from pipeline.gramian import prepare_gram
+from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.search import plan_matmul
 from pipeline.plan.spec import ArraySpec, OutputSpec
 from pipeline.store.mirror import same_bits
+from pipeline.store.record import of_array
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 from tests.pipeline.test_s3 import put, s3  # noqa: F401, F811 - the moto S3 fixture
 
@@ -26,9 +29,10 @@ GiB = 2**30
 
 @pytest.fixture
 def many_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plans of several tiles for tiny products: no modelled cost per task (planning runs in
-    this process)."""
-    monkeypatch.setattr("pipeline.plan.matmul.TASK_OVERHEAD_SECONDS", 0.0)
+    """Plans of several tiles for tiny products: jobs planned (in this process) with a cost
+    model of no modelled cost per task, as this host's."""
+    free_tasks = replace(COSTS, task_seconds=0.0)
+    monkeypatch.setattr("pipeline.facts.job_plan.host_costs", lambda: free_tasks)
 
 
 def _gram(x: Any, rows: bool) -> tuple[Any, Any]:
@@ -71,8 +75,8 @@ def test_gram_matches_numpy_and_is_exactly_symmetric(
     assert plan.symmetric and plan.grid == (t, t) and plan.tile_shape[0] == plan.tile_shape[1]
     assert result.tiles_computed == plan.n_tiles == t * (t + 1) // 2
     assert all(tile.index[0] <= tile.index[1] for tile in plan.tiles())
-    attrs = dict(zarr.open_array(out, mode="r").attrs)["tilegemm"]
-    assert attrs["symmetric"] is True and attrs.get("transpose_a", False) is (not rows)
+    record = of_array(zarr.open_array(out, mode="r"))
+    assert record is not None and record.symmetric is True and record.transpose_a is (not rows)
     assert verify_product(client, x_url, x_url, out).asymmetric == 0
 
 
@@ -100,8 +104,8 @@ def test_planned_reads_are_the_reads(
     tmp_path: Path, shape: tuple[int, int], memory_limit: str
 ) -> None:
     """A Gram product reads X's blocks for both operands from one cache: the plan counts X
-    once when it fits (the dry run said 2.00x before), and at most 1.5x what the run reads
-    when it does not (the model said 1.41x the reads there before)."""
+    once when it fits (not once per operand), and at most 1.5x what the run reads when it
+    does not."""
     from distributed import LocalCluster
 
     rng = np.random.default_rng(3)
@@ -116,7 +120,7 @@ def test_planned_reads_are_the_reads(
     if memory_limit == "4GiB":
         assert result.plan.n_tiles > 1 and planned == read == x_bytes
     else:
-        # the model's error was overcounting; a loaded machine's cache can read a little more
+        # the model errs by overcounting; a loaded machine's cache can read a little more
         assert result.plan.n_tiles > 1 and x_bytes < planned <= 1.5 * read
 
 
@@ -155,8 +159,7 @@ def test_resume_of_a_partial_gram(tmp_path: Path, client: Client, many_tiles: No
     for entry in journal[:2]:
         entry.unlink()
     meta = zarr.open_array(str(out), mode="r+")
-    attrs = dict(meta.attrs)["tilegemm"]
-    meta.attrs["tilegemm"] = {**attrs, "complete": False}
+    meta.attrs.update(replace(of_array(meta), complete=False).attributes())
     kept = [json.loads(p.read_text())["index"] for p in journal[2:]]
     off = next(i for i in kept if i[0] != i[1])
     t = first.plan.tile_shape[0]

@@ -254,7 +254,7 @@ def test_a_scratch_directory_elsewhere_is_fine(
 
 
 def test_gram_names_its_arrays(tmp_path: Path) -> None:
-    from pipeline.gram import prepare_gram
+    from pipeline.gramian import prepare_gram
 
     x = write_array(tmp_path / "x.zarr", np.ones((6, 4), "float32"), (3, 2))
     refused = pytest.raises(UsageError, match=r"is G \(.*outside X, G")

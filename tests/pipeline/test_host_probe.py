@@ -16,6 +16,7 @@ from benchmarks.calibrate import source
 from pipeline.facts import host as host_probe
 from pipeline.plan.costs import LIMITS, ChunkCost, HostProbe, for_host, host_factors
 from pipeline.plan.fitted_costs import COSTS
+from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.model import Work, grouped, resource_seconds
 from pipeline.plan.search import plan_matmul
 from pipeline.plan.spec import ArraySpec
@@ -38,7 +39,6 @@ WORK = Work(
 @pytest.fixture(autouse=True)
 def cache_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
-    monkeypatch.setattr(host_probe, "COSTS", MODEL)  # measured against REFERENCE, not this host
     return tmp_path
 
 
@@ -90,18 +90,20 @@ def test_the_planner_plans_with_the_host_model() -> None:
     plan = lambda costs: plan_matmul(  # noqa: E731
         spec, spec, workers=1, threads_per_worker=2, memory_limit_bytes=8 << 30, costs=costs
     )
-    fast, slow = plan(MODEL), plan(for_host(MODEL, replace(REFERENCE, flops_per_second=25e9)))
-    assert slow.costs is not None and slow.cost_model is slow.costs
+    slower = for_host(MODEL, replace(REFERENCE, flops_per_second=25e9))
+    fast, slow = plan(MODEL), plan(slower)
+    assert fast.costs is MODEL and slow.costs is slower  # each plan carries the model it was given
     product = [grouped(dict(p.resource_seconds or _cpu(p)))["product"] for p in (fast, slow)]
     assert product[1] == pytest.approx(4 * product[0], rel=0.05)
     assert slow.estimated_seconds > 3 * fast.estimated_seconds
-    assert plan(None).cost_model.machine == COSTS.machine  # the committed calibration
+    committed = plan_matmul(spec, spec, workers=1, threads_per_worker=2, memory_limit_bytes=8 << 30)
+    assert committed.costs is COSTS  # the calibration as committed
 
 
-def _cpu(plan: object) -> tuple[tuple[str, float], ...]:
+def _cpu(plan: MatmulPlan) -> tuple[tuple[str, float], ...]:
     from pipeline.plan.matmul import cpu_resource_seconds
 
-    return cpu_resource_seconds(plan)  # type: ignore[arg-type]
+    return cpu_resource_seconds(plan)
 
 
 class Counting:
@@ -118,8 +120,8 @@ def test_measured_once_per_host_then_read(
 ) -> None:
     measure = Counting(REFERENCE)
     monkeypatch.setattr(host_probe, "measure", measure)
-    assert host_probe.host_figures() == REFERENCE
-    assert host_probe.host_figures() == REFERENCE and measure.calls == 1
+    assert host_probe.host_figures(REFERENCE) == REFERENCE
+    assert host_probe.host_figures(REFERENCE) == REFERENCE and measure.calls == 1
     path = cache_home / "tilegemm" / "hosts.json"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     (record,) = json.loads(path.read_text())["records"]
@@ -128,10 +130,10 @@ def test_measured_once_per_host_then_read(
     first = record["key"]
     monkeypatch.setattr(host_probe, "host_key", lambda: {**first, "blas": "other 1.0"})
     measure.probe = replace(REFERENCE, flops_per_second=1e9)  # far from REFERENCE: twice
-    assert host_probe.host_figures().flops_per_second == 1e9 and measure.calls == 3
-    assert host_probe.host_figures().flops_per_second == 1e9 and measure.calls == 3
+    assert host_probe.host_figures(REFERENCE).flops_per_second == 1e9 and measure.calls == 3
+    assert host_probe.host_figures(REFERENCE).flops_per_second == 1e9 and measure.calls == 3
     monkeypatch.setattr(host_probe, "host_key", lambda: first)
-    assert host_probe.host_figures() == REFERENCE and measure.calls == 3, "no eviction"
+    assert host_probe.host_figures(REFERENCE) == REFERENCE and measure.calls == 3, "no eviction"
     assert len(json.loads(path.read_text())["records"]) == 2
 
 
@@ -143,9 +145,9 @@ def test_a_figure_far_from_the_calibration_hosts_is_measured_again(
     slow = replace(REFERENCE, flops_per_second=40e9, python_seconds=0.009)
     calls = iter([slow, replace(REFERENCE, decode_per_byte=1.2e-9)])
     monkeypatch.setattr(host_probe, "measure", lambda: next(calls))
-    assert host_probe.host_figures() == replace(REFERENCE, python_seconds=0.009)
+    assert host_probe.host_figures(REFERENCE) == replace(REFERENCE, python_seconds=0.009)
     assert next(calls, None) is None  # both calls made
-    assert host_probe.host_figures() == replace(REFERENCE, python_seconds=0.009)  # saved
+    assert host_probe.host_figures(REFERENCE) == replace(REFERENCE, python_seconds=0.009)  # saved
 
 
 def test_a_file_others_can_write_is_measured_over(
@@ -153,9 +155,9 @@ def test_a_file_others_can_write_is_measured_over(
 ) -> None:
     measure = Counting(REFERENCE)
     monkeypatch.setattr(host_probe, "measure", measure)
-    host_probe.host_figures()
+    host_probe.host_figures(REFERENCE)
     (cache_home / "tilegemm" / "hosts.json").chmod(0o666)
-    host_probe.host_figures()
+    host_probe.host_figures(REFERENCE)
     assert measure.calls == 2
 
 
@@ -177,7 +179,7 @@ def test_saved_figures_that_are_not_positive_numbers_are_measured_again(
     save(host_probe.host_key(), figures, store_path("hosts.json"), identity="host")
     measure = Counting(REFERENCE)
     monkeypatch.setattr(host_probe, "measure", measure)
-    assert host_probe.host_figures() == REFERENCE and measure.calls == 1
+    assert host_probe.host_figures(REFERENCE) == REFERENCE and measure.calls == 1
 
 
 def test_saved_figures_are_read_as_numbers_whatever_else_the_record_holds() -> None:
@@ -185,7 +187,7 @@ def test_saved_figures_are_read_as_numbers_whatever_else_the_record_holds() -> N
 
     figures = {"flops_per_second": "1e11", "decode_per_byte": 1e-9, "python_seconds": 0.01}
     save(host_probe.host_key(), {**figures, "added_later": 3}, store_path("hosts.json"), None)
-    got = host_probe.host_figures()
+    got = host_probe.host_figures(REFERENCE)
     assert got == HostProbe(1e11, 1e-9, 0.01) and isinstance(got.flops_per_second, float)
 
 
@@ -200,17 +202,17 @@ def test_a_read_only_cache_measures_once_per_process(
         raise PermissionError("read-only file system")
 
     monkeypatch.setattr("kernels.device.figures.save", refuse)
-    assert host_probe.host_figures() == host_probe.host_figures() == REFERENCE
+    assert host_probe.host_figures(REFERENCE) == host_probe.host_figures(REFERENCE) == REFERENCE
     assert measure.calls == 1 and not (cache_home / "tilegemm" / "hosts.json").exists()
 
 
 def test_host_costs_follows_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(host_probe, "COSTS", MODEL)
     monkeypatch.setattr(host_probe, "measure", Counting(replace(REFERENCE, python_seconds=0.03)))
     with dask.config.set({"tilegemm.host-probe": False}):
-        assert host_probe.host_costs() is None
+        assert host_probe.host_costs(MODEL) is MODEL
+        assert host_probe.host_costs() is COSTS  # the calibration as committed
     with dask.config.set({"tilegemm.host-probe": True}):
-        got = host_probe.host_costs()
+        got = host_probe.host_costs(MODEL)
     assert got is not None and got.task_seconds == pytest.approx(3 * MODEL.task_seconds)
 
 

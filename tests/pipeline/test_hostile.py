@@ -265,8 +265,8 @@ def test_memory_counts_a_chunk_larger_than_its_array() -> None:
 
 
 def test_memory_counts_zarrs_bookkeeping_per_chunk() -> None:
-    """1x1 chunks: zarr makes ~2.2 KB of bookkeeping per chunk of a read, all up front (a
-    million-chunk read measured 2.2 GB and 125 s), whatever its concurrency."""
+    """1x1 chunks: zarr makes ~2.2 KB of bookkeeping per chunk of a read, all up front,
+    whatever its concurrency."""
     a = ArraySpec((20000, 20000), (1, 1), "float32")
     plan = plan_matmul(a, a, workers=1, threads_per_worker=1, memory_limit_bytes=4 * GiB)
     (tm, tn), width = plan.tile_shape, plan.panel_width

@@ -23,6 +23,7 @@ from distributed import Client, LocalCluster
 from pipeline import multiply
 from pipeline.errors import JobError, UnsafeOutputError
 from pipeline.store import lock
+from pipeline.store.record import of_array
 from tests.child_env import child_env
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
@@ -184,7 +185,7 @@ def test_cli_jobs_racing_into_one_new_out(tmp_path: Path) -> None:
             "another job" in loser_err or "already exists" in loser_err or "changed" in loser_err
         ), loser_err
         assert_product(zarr.open_array(str(out))[:], (a, a2)[winner], b)
-        assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is True
+        assert of_array(zarr.open_array(str(out))).complete is True
 
 
 def test_lock_is_checked_before_the_completion_mark(
@@ -195,7 +196,7 @@ def test_lock_is_checked_before_the_completion_mark(
     monkeypatch.setattr(lock.HeldLock, "still_held", lambda self: False)
     with pytest.raises(JobError, match="lost its lock"):
         multiply(a_url, b_url, str(out), client=client)
-    assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is False
+    assert of_array(zarr.open_array(str(out))).complete is False
 
 
 def test_held_lock_notices_removal_and_replacement(tmp_path: Path) -> None:

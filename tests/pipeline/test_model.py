@@ -3,13 +3,15 @@ plan feeds it, the dry run's terms, and the calibration's fit."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from benchmarks.calibrate import fit
 from pipeline.plan.costs import ChunkCost, CostModel
-from pipeline.plan.matmul import cpu_resource_seconds, cpu_work
+from pipeline.plan.matmul import MatmulPlan, cpu_resource_seconds, cpu_work
 from pipeline.plan.model import chunks_per_pass
 from pipeline.plan.search import plan_matmul
 from pipeline.plan.spec import ArraySpec, OutputSpec
@@ -28,14 +30,7 @@ COSTS = CostModel(
     task_seconds=0.007,
     setup_seconds=0.2,
 )
-
-
-@pytest.fixture(autouse=True)
-def fixed_costs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """These constants, not this machine's calibration."""
-    monkeypatch.setattr("pipeline.plan.matmul.COSTS", COSTS)
-    monkeypatch.setattr("pipeline.plan.device_model.COSTS", COSTS)
-    monkeypatch.setattr("pipeline.plan.matmul.TASK_OVERHEAD_SECONDS", COSTS.task_seconds)
+"""The plans here are modelled with these constants, not this machine's calibration."""
 
 
 @pytest.mark.parametrize(
@@ -52,17 +47,17 @@ def test_chunks_per_pass(extent: int, span: int, chunk: int, chunks: float) -> N
     assert chunks_per_pass(extent, span, chunk) == pytest.approx(chunks, rel=0.02)
 
 
-def _plan(chunk: int, out: tuple[int, int] | None = None) -> object:
+def _plan(chunk: int, out: tuple[int, int] | None = None) -> MatmulPlan:
     spec = ArraySpec((4096, 4096), (chunk, chunk), "float32")
     return plan_matmul(
         spec, spec, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB,
-        output=OutputSpec(chunks=out), tile_shape=(2048, 4096), panel_width=1024,
+        output=OutputSpec(chunks=out), tile_shape=(2048, 4096), panel_width=1024, costs=COSTS,
     )  # fmt: skip
 
 
 def test_small_chunks_pay_per_chunk() -> None:
     """The same bytes in 64x64 chunks cost 256x the chunks' fixed costs of 1024x1024 ones."""
-    small, big = (dict(cpu_resource_seconds(_plan(c, (1024, 1024)))) for c in (64, 1024))  # type: ignore[arg-type]
+    small, big = (dict(cpu_resource_seconds(_plan(c, (1024, 1024)))) for c in (64, 1024))
     extra = (4096 * 4096 // 64**2 - 4096 * 4096 // 1024**2) * 2  # A and B, each read once
     for name, cost in (("read", COSTS.read), ("decode", COSTS.decode)):
         assert small[name] - big[name] == pytest.approx(extra * cost.per_chunk)
@@ -70,9 +65,9 @@ def test_small_chunks_pay_per_chunk() -> None:
 
 
 def test_out_chunks_cost_their_encode_and_write() -> None:
-    few, many = (cpu_work(_plan(1024, c)) for c in ((1024, 1024), (64, 64)))  # type: ignore[arg-type]
+    few, many = (cpu_work(_plan(1024, c)) for c in ((1024, 1024), (64, 64)))
     assert (few.out_chunks, many.out_chunks) == (16, 4096)
-    seconds = dict(cpu_resource_seconds(_plan(1024, (64, 64))))  # type: ignore[arg-type]
+    seconds = dict(cpu_resource_seconds(_plan(1024, (64, 64))))
     out_bytes = 4096 * 4096 * 4
     assert seconds["write"] == pytest.approx(COSTS.write.seconds(4096, out_bytes))
     assert seconds["encode"] == pytest.approx(COSTS.encode.seconds(4096, out_bytes))
@@ -81,12 +76,11 @@ def test_out_chunks_cost_their_encode_and_write() -> None:
 def test_a_short_k_is_bound_by_writing_out() -> None:
     """100000x32 @ 32x2000: little to multiply, 800 MB to store."""
     a, b = ArraySpec((100_000, 32), (10_000, 32), "f4"), ArraySpec((32, 2000), (32, 1000), "f4")
-    plan = plan_matmul(a, b, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB)
+    kw: dict[str, Any] = {"workers": 1, "threads_per_worker": 2, "memory_limit_bytes": 16 * GiB}
+    plan = plan_matmul(a, b, costs=COSTS, **kw)
     assert plan.bound_by == "write"
     square = ArraySpec((4096, 4096), (1024, 1024), "f4")
-    big_k = plan_matmul(
-        square, square, workers=1, threads_per_worker=2, memory_limit_bytes=16 * GiB
-    )
+    big_k = plan_matmul(square, square, costs=COSTS, **kw)
     assert big_k.bound_by == "product"
 
 
@@ -100,6 +94,7 @@ def test_the_staged_gpu_path_pays_per_chunk_too() -> None:
             spec, spec, workers=1, threads_per_worker=1, memory_limit_bytes=16 * GiB,
             backend="cuda", device=DEVICE_CLASSES["h100-pcie"], decode_threads=2,
             output=OutputSpec(chunks=(1024, 1024)), tile_shape=(8192, 8192), panel_width=1024,
+            costs=COSTS,
         )  # fmt: skip
         return dict(plan.resource_seconds)
 
@@ -143,9 +138,7 @@ def test_in_job_decode_scaling_moves_the_per_chunk_cost_only(chunk: int) -> None
     before = grouped(dict(cpu_resource_seconds(plan)))["decode"]
     for target in (3 * before, 0.5 * before):
         costs, factor = per_chunk_scaled(COSTS, plan, target)
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr("pipeline.plan.matmul.COSTS", costs)
-            after = grouped(dict(cpu_resource_seconds(plan)))["decode"]
+        after = grouped(dict(cpu_resource_seconds(replace(plan, costs=costs))))["decode"]
         assert after == pytest.approx(target, rel=1e-9)
         if target > before:  # more per chunk, the same per byte
             assert costs.decode.per_byte == COSTS.decode.per_byte

@@ -13,6 +13,7 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import multiply
+from pipeline.store.record import of_array
 from tests.helpers import assert_product, cpu_tile_task, random_matrix, write_array
 
 
@@ -50,7 +51,7 @@ def run_case(
     assert_product(c[:], a, b, kwargs.get("dtype"))  # type: ignore[arg-type]
     assert result.shape == (m, n)
     assert result.tiles_computed == result.plan.n_tiles
-    assert dict(c.attrs)["tilegemm"]["complete"] is True
+    assert of_array(c).complete is True
 
 
 def _inputs_digest(tmp_path: Path) -> str:
@@ -181,7 +182,7 @@ def test_verify_in_multiply(tmp_path: Path, client: Client) -> None:
         verify=True,
     )
     assert result.verified is True
-    assert dict(zarr.open_array(out).attrs)["tilegemm"]["verified"] is True
+    assert of_array(zarr.open_array(out)).verified is True
 
 
 def test_banded_write_journals_the_crc_of_each_tile(tmp_path: Path, client: Client) -> None:

@@ -246,7 +246,7 @@ RECOMPUTE = "recompute C with `python -m pipeline multiply A B C --overwrite`"
 @pytest.mark.parametrize(
     ("fields", "line", "error"),
     [
-        (  # all finite and correct: the line as it always was
+        (  # all finite and correct: the plain line
             {"passed": True, "worst_ratio": 0.173, "worst_row": 131},
             "verify ok: 2 round(s), worst residual/tolerance 0.173 at row 131",
             None,

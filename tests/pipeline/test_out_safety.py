@@ -15,6 +15,7 @@ from distributed import Client
 from pipeline import multiply, prepare
 from pipeline.errors import JobError, OutputExistsError, UnsafeOutputError, UsageError
 from pipeline.generate import write_random
+from pipeline.store.record import of_array
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 
@@ -149,7 +150,7 @@ def test_our_array_appearing_between_prepare_and_execute_is_refused(
     multiply(a_url, b_url, str(out), client=client)  # another job got there first
     with pytest.raises(UnsafeOutputError, match="changed after this job was planned"):
         job.execute(client)
-    assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is True
+    assert of_array(zarr.open_array(str(out))).complete is True
 
 
 def test_empty_folder_is_a_new_out(tmp_path: Path, client: Client, inputs: tuple) -> None:
@@ -250,7 +251,7 @@ def test_input_changing_during_the_job_fails_it(
     out = tmp_path / "c.zarr"
     with pytest.raises(JobError, match=r"input B changed while the job ran .*--resume"):
         multiply(a_url, b_url, str(out), client=client)
-    assert zarr.open_array(str(out)).attrs["tilegemm"]["complete"] is False
+    assert of_array(zarr.open_array(str(out))).complete is False
 
 
 @pytest.mark.parametrize(

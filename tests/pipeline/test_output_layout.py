@@ -33,7 +33,7 @@ B_SHARDED = ArraySpec((60, 80), (20, 16), "float32", (60, 32))
 @pytest.mark.parametrize(
     ("a", "b", "request_", "chunks", "shards"),
     [
-        (A, B, OutputSpec(), (10, 16), None),  # unsharded inputs: as before
+        (A, B, OutputSpec(), (10, 16), None),  # unsharded inputs: their chunks, no shards
         (A_SHARDED, B_SHARDED, OutputSpec(), (10, 16), (50, 32)),  # follow the input shards
         (A_SHARDED, B, OutputSpec(), (10, 16), (50, 16)),  # only A sharded: B's chunk as is
         (A_SHARDED, B_SHARDED, OutputSpec(chunks=(5, 8)), (5, 8), None),  # --chunks alone
@@ -64,7 +64,7 @@ SMALL_B = ArraySpec((4096, 4096), (64, 48), "float32")
         (SMALL_A, SMALL_B, OutputSpec(), (512, 528), None),  # 64x86 chunks: grown past 512
         (SMALL_A, SMALL_B, OutputSpec(chunks=(64, 48)), (64, 48), None),  # --chunks: exactly
         (SMALL_A, SMALL_B, OutputSpec(shards=(128, 96)), (64, 48), (128, 96)),  # inside shards
-        # 32 x 32 = 1,024 chunks: not over the limit, as before
+        # 32 x 32 = 1,024 chunks: not over the limit, so the inputs' chunks as they are
         (ArraySpec((4096, 64), (128, 64), "f4"), ArraySpec((64, 4096), (64, 128), "f4"),
          OutputSpec(), (128, 128), None),
         # tall and skinny: rows grow, the 3 columns stay one chunk
@@ -181,14 +181,14 @@ def test_memory_counts_shard_sized_write_buffers() -> None:
 
 
 def test_default_plan_and_fingerprint_did_not_change() -> None:
-    """Without the new options, the plan and its fingerprint are what they were (--resume of an
-    OUT started by the previous version still matches)."""
+    """Without output options, the plan and its fingerprint are those of the formula without
+    them (--resume of an OUT fingerprinted that way still matches)."""
     plan = plan_matmul(A, B, workers=2, threads_per_worker=2, memory_limit_bytes=8 * GiB)
     assert plan == plan_matmul(
         A, B, workers=2, threads_per_worker=2, memory_limit_bytes=8 * GiB, output=OutputSpec()
     )
     assert (plan.out.chunks, plan.out.shards, plan.out.dtype) == ((10, 16), None, "float32")
-    old = {  # the previous formula: asdict of the three specs (which had no shards field)
+    old = {  # the formula without output options: asdict of the specs, no shards field
         "inputs": "digest",
         "a": _without_shards(plan.a),
         "b": _without_shards(plan.b),

@@ -319,12 +319,12 @@ def test_remove_ours_keeps_the_lock_and_refuses_foreign_files(tmp_path: Path) ->
     ("dtype", "fill"), [("float32", "nan"), ("complex64", "nan"), ("int16", 0)]
 )
 def test_create_fills_so_unwritten_tiles_show(tmp_path: Path, dtype: str, fill: Any) -> None:
-    array = Output(str(tmp_path / "c.zarr")).create((3, 5), (2, 0), dtype, {"x": 1})
+    array = Output(str(tmp_path / "c.zarr")).create((3, 5), (2, 0), dtype, {"fingerprint": "x"})
     assert array.chunks == (2, 1)  # a chunk of 0 is stored as 1
     assert array.shape == (3, 5) and array.dtype == np.dtype(dtype)
     values = zarr.open_array(str(tmp_path / "c.zarr"), mode="r")[:]
     assert np.isnan(values).all() if fill == "nan" else (values == 0).all()
-    assert dict(array.attrs) == {ATTRS_KEY: {"x": 1}}
+    assert dict(array.attrs) == {ATTRS_KEY: '{"fingerprint": "x"}'}  # JSON text: flat
 
 
 @pytest.mark.parametrize(("dtype", "zarr_format"), [("int16", 3), ("int16", 2), ("float32", 3)])
@@ -355,9 +355,9 @@ def test_create_names_dimensions_in_either_format(tmp_path: Path) -> None:
         (2, 2), (1, 1), "f4", {}, dimension_names=names, zarr_format=2
     )
     assert two.metadata.zarr_format == 2
-    assert dict(two.attrs) == {ATTRS_KEY: {}, "_ARRAY_DIMENSIONS": ["row", "col"]}
+    assert dict(two.attrs) == {ATTRS_KEY: "{}", "_ARRAY_DIMENSIONS": ["row", "col"]}
     plain = Output(str(tmp_path / "v2b")).create((2, 2), (1, 1), "f4", {}, zarr_format=2)
-    assert dict(plain.attrs) == {ATTRS_KEY: {}}
+    assert dict(plain.attrs) == {ATTRS_KEY: "{}"}
     assert three.metadata.dimension_names in (None, names)
 
 

@@ -1,7 +1,7 @@
-"""The planner's pure core, number by number: the memory model (pipeline/plan/memory.py) and
-the search that picks the tiling (pipeline/plan/search.py). Tables of exact figures, the first
-of each derived by hand in its comment; the mutation targets ``planner`` and ``memory`` of
-benchmarks/mutate.py run these."""
+"""The planner's pure core, number by number: the memory model (pipeline/plan/memory.py), a
+candidate's figures (pipeline/plan/candidate.py) and the search that picks the tiling
+(pipeline/plan/search.py). Tables of exact figures, the first of each derived by hand in its
+comment; the mutation targets ``planner`` and ``memory`` of benchmarks/mutate.py run these."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
-from pipeline.plan import memory, search
+from pipeline.plan import candidate, memory, search
 from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.limits import PlanLimits
 from pipeline.plan.spec import ArraySpec, OutputSpec
@@ -331,12 +331,12 @@ def test_a_candidates_memory_is_computed_from_its_figures(
     """A 120x300 OUT in one 120x300 block (120 < 256 rows: the whole axis) and K = 600 in two
     panels of 500 (512 in whole chunks of 100): split in 2 K groups (fewer than MIN_TASKS
     blocks). The memory model gets exactly these figures."""
-    task = Recorder(search.calculate_task_bytes)
-    worker = Recorder(search.calculate_worker_bytes)
-    cache = Recorder(search.calculate_cache_bytes)
-    monkeypatch.setattr(search, "calculate_task_bytes", task)
-    monkeypatch.setattr(search, "calculate_worker_bytes", worker)
-    monkeypatch.setattr(search, "calculate_cache_bytes", cache)
+    task = Recorder(candidate.calculate_task_bytes)
+    worker = Recorder(candidate.calculate_worker_bytes)
+    cache = Recorder(candidate.calculate_cache_bytes)
+    monkeypatch.setattr(candidate, "calculate_task_bytes", task)
+    monkeypatch.setattr(candidate, "calculate_worker_bytes", worker)
+    monkeypatch.setattr(candidate, "calculate_cache_bytes", cache)
     a, b = spec((120, 600), (50, 100), "float32"), spec((600, 300), (100, 300), "float64")
     got = plan(a, b, workers=workers, threads_per_worker=threads, memory_limit_bytes=GiB)
     assert (got.tile_shape, got.split_k, got.block_shape) == ((120, 300), 2, (120, 300))
@@ -363,15 +363,15 @@ def test_a_candidates_memory_is_computed_from_its_figures(
 
 
 def test_no_split_holds_no_partials(monkeypatch: pytest.MonkeyPatch) -> None:
-    worker = Recorder(search.calculate_worker_bytes)
-    monkeypatch.setattr(search, "calculate_worker_bytes", worker)
+    worker = Recorder(candidate.calculate_worker_bytes)
+    monkeypatch.setattr(candidate, "calculate_worker_bytes", worker)
     a, b = spec((2048, 512), (256, 512)), spec((512, 2048), (512, 256))
     got = plan(a, b, tile_shape=(512, 1024), threads_per_worker=16, workers=2)
     assert got.split_k == 1 and got.n_tiles == 8
     assert worker.calls[0][1]["held_partials"] == 0
     assert worker.calls[0][1]["busy_threads"] == 8  # min(16 threads, 4 x 2 tiles)
-    task = Recorder(search.calculate_task_bytes)
-    monkeypatch.setattr(search, "calculate_task_bytes", task)
+    task = Recorder(candidate.calculate_task_bytes)
+    monkeypatch.setattr(candidate, "calculate_task_bytes", task)
     plan(a, b, tile_shape=(2048, 512), output=OutputSpec(chunks=(128, 512)), cache_fraction=0)
     assert task.calls[0][1]["first_band_rows"] == 256  # 8 bands of whole 256-row blocks
     assert task.calls[0][1]["chunks"][2] == (128, 512)
@@ -389,8 +389,8 @@ def test_the_backends_smallest_gemm_block() -> None:
 def test_a_device_plan_gets_the_backends_rate(monkeypatch: pytest.MonkeyPatch) -> None:
     """Class defaults are peaks (the backend reaches its flops_fraction of them); calibrated
     and emulated figures are the backend's own."""
-    seen = Recorder(search.with_device)
-    monkeypatch.setattr(search, "with_device", seen)
+    seen = Recorder(candidate.with_device)
+    monkeypatch.setattr(candidate, "with_device", seen)
     device = DEVICE_CLASSES["h100-pcie"]
     plan(*SQUARE, backend="cuda", device=device, decode_threads=3, tile_shape=(1024, 1024))
     assert seen.calls[0][0][1:] == (device, 0.25, 3)
@@ -410,7 +410,7 @@ def test_the_fastest_fitting_plan_is_chosen(budget: int) -> None:
     chosen = plan(a, b, memory_limit_bytes=budget)
     block = search.gemm_block(chosen.out)
     scores, skipped = [], []
-    for shape in search._tile_candidates(chosen.out, block):
+    for shape in search._tile_shapes(chosen.out, block, False):
         try:
             each = plan(a, b, memory_limit_bytes=budget, tile_shape=shape)
         except MemoryBudgetError:
@@ -475,11 +475,13 @@ def test_distinct_multiples_of_long_axes() -> None:
 
 def test_tile_candidates() -> None:
     out = spec((1000, 250), (100, 50))
-    got = list(search._tile_candidates(out, (200, 100)))
+    got = list(search._tile_shapes(out, (200, 100), False))
     # 5 row blocks: 1, 2, 3 or 5 per tile (1000 capped); 3 column blocks: 1, 2, 3
     rows, cols = [200, 400, 600, 1000], [100, 200, 250]
     assert got == [(r, c) for r in rows for c in cols]
-    assert list(search._tile_candidates(spec((0, 0), (1, 1)), (1, 1))) == [(1, 1)]
+    assert list(search._tile_shapes(spec((0, 0), (1, 1)), (1, 1), False)) == [(1, 1)]
+    square = list(search._tile_shapes(spec((1000, 1000), (100, 100)), (200, 200), True))
+    assert square == [(200, 200), (400, 400), (600, 600), (1000, 1000)]  # a Gram product's
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""--precision through the pipeline (issue 21): refused before any work where the backend or
+"""--precision through the pipeline: refused before any work where the backend or
 dtype cannot honour it, carried to the worker's accumulator and the staged engine, stated by
 the plan, the fingerprint, the summary and OUT's attributes, and followed by verify's
 tolerance. Tensor precisions cannot run here (no GPU, and inline PTX does not run in the
@@ -20,6 +20,7 @@ from pipeline import multiply, prepare
 from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.job import fingerprint
 from pipeline.run import worker
+from pipeline.store.record import of_array
 from pipeline.verify.check import verify_product
 from tests.helpers import assert_product, cpu_tile_task, random_matrix, run_cli, write_array
 from tests.kernels.test_cublas import FakeCupy
@@ -106,7 +107,7 @@ def test_dry_run_and_fingerprint_state_the_precision(tmp_path: Path) -> None:
     # --resume compares fingerprints: another precision is another product ...
     assert fingerprint(tf32.plan) != fingerprint(fp32.plan)
     assert fingerprint(tf32.plan) != fingerprint(replace(tf32.plan, precision="3xtf32"))
-    # ... while fp32's digest is the one plans had before --precision (the key left out).
+    # ... while fp32 leaves the key out: its digest is that of a plan without a precision.
     assert fingerprint(fp32.plan) == fingerprint(replace(fp32.plan, precision="fp32"))
 
 
@@ -115,7 +116,7 @@ def test_fp32_job_records_its_precision(tmp_path: Path, client: Client) -> None:
     out = str(tmp_path / "c.zarr")
     result = multiply(a, b, out, client=client, backend="cpu", verify=True)
     assert result.plan.precision == "fp32" and result.verified is True
-    assert zarr.open_array(out).attrs["tilegemm"]["precision"] == "fp32"
+    assert of_array(zarr.open_array(out)).precision == "fp32"
     from pipeline.summary import format_summary
 
     assert "backend cpu, precision fp32)" in format_summary(result)
@@ -141,7 +142,7 @@ def test_the_worker_gives_cublas_the_tasks_precision(
 
 
 def test_the_staged_engine_gives_the_device_its_precision(tmp_path: Path) -> None:
-    """The staged engine on numba's device (simulator): fp32 computes as before; a tensor
+    """The staged engine on numba's device (simulator): fp32 computes the product; a tensor
     precision picks the mma variant, whose refusal to run in the simulator reaches the
     caller."""
     from kernels.device.engine import StagedProduct
@@ -168,7 +169,7 @@ def test_the_staged_engine_gives_the_device_its_precision(tmp_path: Path) -> Non
 
 def _set_record(out: str, **fields: Any) -> None:
     c = zarr.open_array(out, mode="r+")
-    c.attrs["tilegemm"] = {**dict(c.attrs["tilegemm"]), **fields}
+    c.attrs.update(replace(of_array(c), **fields).attributes())
 
 
 def test_verify_tolerance_follows_the_recorded_precision(tmp_path: Path, client: Client) -> None:

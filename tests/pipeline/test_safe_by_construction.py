@@ -4,6 +4,7 @@ whose folders lead elsewhere. Nothing outside OUT (and C's own chunks) ever chan
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -17,6 +18,7 @@ from distributed import Client
 
 from pipeline import multiply
 from pipeline.errors import PipelineError, UnsafeOutputError
+from pipeline.store import record
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 
@@ -279,7 +281,8 @@ def test_an_unfinished_product_is_refused_as_an_input(
     square = tmp_path / "sq.zarr"
     multiply(str(out), str(out), str(square), client=client, transpose_b=True)  # finished: fine
     array = zarr.open_array(str(out), mode="r+")
-    array.attrs["tilegemm"] = {**array.attrs["tilegemm"], "complete": False}
+    unfinished = dataclasses.replace(record.of_array(array), complete=False)
+    array.attrs.update(unfinished.attributes())
     with pytest.raises(InputError, match=r"unfinished product of this tool.*--resume"):
         multiply(str(out), str(out), str(tmp_path / "sq2.zarr"), client=client, transpose_b=True)
 

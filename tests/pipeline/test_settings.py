@@ -185,3 +185,23 @@ def test_settings_are_read_only_through_pipeline_settings() -> None:
         if "config.get(" in line and "tilegemm" in line
     ]
     assert readers == []
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("100", 100),  # plain bytes
+        ("4GiB", 4 * 2**30),  # binary unit
+        ("512MB", 512 * 10**6),  # decimal unit
+        ("1.5 gib", int(1.5 * 2**30)),  # case and space
+        ("2e9", 2 * 10**9),  # float notation
+    ],
+)
+def test_parse_size(text: str, expected: int) -> None:
+    assert settings.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "-4GiB", "4XB", "0", "inf", "0.5", "nan"])
+def test_parse_size_refuses(text: str) -> None:
+    with pytest.raises(UsageError, match="cannot read size"):
+        settings.parse_size(text)

@@ -17,6 +17,7 @@ from pipeline.facts.job_plan import fingerprint
 from pipeline.plan.operands import check_contraction
 from pipeline.plan.search import plan_matmul
 from pipeline.plan.spec import ArraySpec
+from pipeline.store.record import of_array
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
 
 GiB = 2**30
@@ -61,8 +62,8 @@ def test_transposed_products_match_numpy(
     # the plan is on op(A), op(B): OUT's chunks are op(A)'s row chunk by op(B)'s column chunk
     assert c.chunks == (_op_chunks(a_chunks, ta)[0], _op_chunks(b_chunks, tb)[1])
     assert result.plan.a.shape == _op(a, ta).shape and result.plan.transposed == (ta, tb)
-    attrs = dict(c.attrs)["tilegemm"]
-    assert attrs.get("transpose_a", False) is ta and attrs.get("transpose_b", False) is tb
+    record = of_array(c)
+    assert record is not None and (record.transpose_a, record.transpose_b) == (ta, tb)
     assert verify_product(client, a_url, b_url, out).passed  # reads the transposes from C
 
 

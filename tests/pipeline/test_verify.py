@@ -58,7 +58,7 @@ def test_correct_products_pass(tmp_path: Path, client: Client, kind: str, dtype:
 def test_one_element_off_by_a_thousandth_is_caught(
     tmp_path: Path, client: Client, kind: str, dtype: str
 ) -> None:
-    """The issue's case: one element of a 600x400 product 0.1 % off, at typical magnitudes."""
+    """One element of a 600x400 product 0.1 % off, at typical magnitudes."""
     a, b = matrices(kind, 600, 300, 400, dtype, seed=7)
     urls = product(tmp_path, client, a, b, chunks=128)
     c = zarr.open_array(urls[2], mode="r+")

@@ -21,6 +21,7 @@ from pipeline.errors import InputError, InputNotFoundError, UnfinishedOutputErro
 from pipeline.plan.spec import ArraySpec
 from pipeline.store import inputs
 from pipeline.store.output import ATTRS_KEY, Output
+from pipeline.store.record import OutRecord
 from pipeline.verify import check as verify
 from pipeline.verify import tasks
 from pipeline.verify.tasks import CheckSpec
@@ -107,6 +108,11 @@ def check_all(job: CheckSpec, noise: float) -> list[tasks.RowCheck]:
 
 def ratios(job: CheckSpec, noise: float) -> Any:
     return np.concatenate([check.ratios for check in check_all(job, noise)])
+
+
+def recorded(c_url: str, options: dict[str, Any] | None = None) -> OutRecord | None:
+    """C's record as verify reads it."""
+    return verify._open_c(c_url, options or {})[1]
 
 
 def matrices(m: int, k: int, n: int, dtype: str, seed: int = 0) -> tuple[Any, Any]:
@@ -670,14 +676,17 @@ def test_what_c_records(tmp_path: Path) -> None:
     urls = [write_array(tmp_path / f"{n}.zarr", x, (2, 2)) for n, x in (("a", a), ("b", b))]
     made = Output(str(tmp_path / "c.zarr"))
     made.create((4, 6), (2, 3), "float32", {"alpha": 2.5, "precision": "tf32", "symmetric": True})
-    assert verify._recorded_alpha(made.url, {}) == 2.5
-    assert verify._recorded_precision(made.url, {}) == "tf32"
+    assert verify._recorded_alpha(recorded(made.url)) == 2.5
+    assert verify._recorded_precision(recorded(made.url)) == "tf32"
     assert verify.check_operation(*urls, made.url, {})[2] is True
     plain = write_array(tmp_path / "plain.zarr", np.zeros((4, 6), "float32"), (2, 3))
-    assert verify._recorded_alpha(plain, {}) == 1.0
-    assert verify._recorded_precision(plain, {}) == "fp32"
+    assert verify._recorded_alpha(recorded(plain)) == 1.0
+    assert verify._recorded_precision(recorded(plain)) == "fp32"
     zarr.open_array(plain, mode="r+").attrs[ATTRS_KEY] = "not ours"
-    assert (verify._recorded_alpha(plain, {}), verify._recorded_precision(plain, {})) == (
+    assert (
+        verify._recorded_alpha(recorded(plain)),
+        verify._recorded_precision(recorded(plain)),
+    ) == (
         1.0,
         "fp32",
     )
@@ -688,7 +697,7 @@ def test_what_c_records(tmp_path: Path) -> None:
         "which it was computed at"
     )
     with pytest.raises(InputError, match=f"^{re.escape(want)}$"):
-        verify._recorded_precision(odd.url, {})
+        verify._recorded_precision(recorded(odd.url))
     unfinished = Output(str(tmp_path / "u.zarr"))
     unfinished.create((4, 6), (2, 3), "float32", {"complete": False})
     want = (
@@ -708,8 +717,8 @@ def test_what_c_records_by_default(tmp_path: Path) -> None:
     """Our C without α or a precision recorded (before those options): 1 and fp32."""
     made = Output(str(tmp_path / "c.zarr"))
     made.create((2, 2), (2, 2), "float32", {"fingerprint": "f0"})
-    assert verify._recorded_alpha(made.url, {}) == 1.0
-    assert verify._recorded_precision(made.url, {}) == "fp32"
+    assert verify._recorded_alpha(recorded(made.url)) == 1.0
+    assert verify._recorded_precision(recorded(made.url)) == "fp32"
 
 
 def test_the_worst_row_is_the_first_of_equals() -> None:
@@ -757,8 +766,8 @@ def test_a_transpose_that_c_does_not_record_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["A", "B", "C"])
 def test_each_operand_is_named(tmp_path: Path, name: str) -> None:
-    """A missing or 1-D operand is named in the refusal (by check_operation, and C also by
-    what verify reads from its attributes)."""
+    """A missing or 1-D operand is named in the refusal (by check_operation, and C also where
+    verify opens it to read its record)."""
     a, b = matrices(4, 4, 4, "float32")
     urls = {
         n: write_array(tmp_path / f"{n}.zarr", x, (2, 2))
@@ -771,9 +780,8 @@ def test_each_operand_is_named(tmp_path: Path, name: str) -> None:
     with pytest.raises(InputError, match=rf"^{name} has 1 dimension\(s\) \(4,\)"):
         verify.check_operation(flat["A"], flat["B"], flat["C"], {})
     if name == "C":
-        for read in (verify._recorded_alpha, verify._recorded_precision):
-            with pytest.raises(InputNotFoundError, match=r"^C \("):
-                read(missing["C"], {})
+        with pytest.raises(InputNotFoundError, match=r"^C \("):
+            verify._open_c(missing["C"], {})
 
 
 def test_the_client_side_reads_with_the_storage_options(tmp_path: Path) -> None:
@@ -789,8 +797,8 @@ def test_the_client_side_reads_with_the_storage_options(tmp_path: Path) -> None:
     made.create((4, 6), (2, 3), "float32", {"alpha": 3.0, "precision": "3xtf32"})
     try:
         assert [s.shape for s in verify.check_shapes(*urls, made.url, options)][2] == (4, 6)
-        assert verify._recorded_alpha(made.url, options) == 3.0
-        assert verify._recorded_precision(made.url, options) == "3xtf32"
+        assert verify._recorded_alpha(recorded(made.url, options)) == 3.0
+        assert verify._recorded_precision(recorded(made.url, options)) == "3xtf32"
     finally:
         with contextlib.suppress(FileNotFoundError):
             TokenFileSystem(token="secret").rm(f"v-{tmp_path.name}", recursive=True)

@@ -25,6 +25,7 @@ from distributed import Client, LocalCluster
 
 from pipeline import multiply
 from pipeline.generate import write_random
+from pipeline.store.record import of_array
 from tests.helpers import assert_product
 
 JOB_TIMEOUT_S = 180
@@ -118,7 +119,7 @@ def test_killed_worker_does_not_fail_the_job(
     assert "error" not in box, f"the job failed: {box.get('error')!r}"
     result = box["result"]
     assert result.tiles_computed == reference.plan.n_tiles
-    assert dict(zarr.open_array(str(out), mode="r").attrs)["tilegemm"]["complete"] is True
+    assert of_array(zarr.open_array(str(out), mode="r")).complete is True
 
     # The worker really died, mid-job: the scheduler lost work (running or held) with it...
     removed = [e for _, e in client.get_events(victim) if e.get("action") == "remove-worker"]

@@ -39,7 +39,7 @@ Design (for the H100, sm_90; shapes in kernels.cuda.tensor.spec):
   tests/kernels/test_tf32_emulation.py; 256 x 256, uniform [-1, 1], seed 0), worst element
   relative to max|AB| at K = 512 / 4096: numpy float32 4.8e-7 / 5.1e-7, tf32 2.6e-4 /
   2.7e-4, 3xtf32 3.2e-7 / 1.0e-6 (1.97x numpy's at K = 4096, the target being <= 2x; with
-  the three mma straight into the accumulators it was 5.0e-7 / 1.5e-6, 2.9x). An infinite or
+  the three mma straight into the accumulators it would be 5.0e-7 / 1.5e-6, 2.9x). An infinite or
   near-overflow (|x| >= 2^128 (1 - 2^-12)) input makes 3xTF32's small part NaN.
 """
 

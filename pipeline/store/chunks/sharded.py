@@ -3,10 +3,10 @@ machinery: each shard's index once, then the inner chunks the block needs in as 
 their byte ranges allow, each decoded as pipeline.store.chunks.unsharded decodes an unsharded chunk.
 
 Sharding is how small chunks are stored at scale, and zarr reads each inner chunk as its own
-byte-range request through its event loop: a 4096² float32 product in 64² chunks in 1024²
-shards took 5.3 s against 2.0 s unsharded (2-core EPYC), 3 of its CPU-seconds in zarr's
-threads. Here the needed chunks of one shard are usually neighbours in the file (zarr writes a
-shard's chunks in C order), so they come in one read.
+byte-range request through its event loop: a product of small chunks in shards runs several
+times slower than the same chunks unsharded, most of the difference in zarr's threads. Here
+the needed chunks of one shard are usually neighbours in the file (zarr writes a shard's
+chunks in C order), so they come in one read.
 
 Covered: a zarr v3 array on a LocalStore whose one codec is ``sharding_indexed`` with the inner
 codecs chunk_read takes (bytes, little-endian, and at most one compressor) and the default index

@@ -1,20 +1,20 @@
 """A block of an unsharded array read chunk by chunk without zarr's per-chunk machinery.
 
-zarr reads a chunk through its codec pipeline, an asyncio task and its indexing: about 0.4 ms
-per chunk here, where fetching the stored bytes costs 15 us and decoding a 16 KiB zstd chunk 45
-us (64x64 float32, 2-core Xeon). Small chunks spend most of their time there. This path fetches
-a batch of stored chunks in one round trip through the store, decodes each into exactly its own
-size (pipeline.store.chunks.sizes: the same bounds as every other read) and copies the part the
-block needs into the caller's buffer. From a local store each chunk is read (os.open, readv)
-into one buffer the whole block reuses, and decoded through one other when it is copied
-(kernels.memory.scratch): 49 us a 64x64 zstd chunk, 67 us with a file object and a buffer pair
-per chunk (2-core EPYC); each file is opened only when it is a regular file no larger than a
-stored chunk can be, else refused unread (pipeline.store.chunks.input_store.open_checked). A chunk
-wholly inside a block one chunk wide is decoded straight into the caller's buffer (its rows
-are contiguous there), which zarr cannot do (it decodes into its own buffer, then copies):
-such blocks of large chunks come this way too.
+zarr reads a chunk through its codec pipeline, an asyncio task and its indexing, which cost
+several times what fetching and decoding a small chunk's bytes do: small chunks spend most of
+their time there. This path fetches a batch of stored chunks in one round trip through the
+store, decodes each into exactly its own size (pipeline.store.chunks.sizes: the same bounds as
+every other read) and copies the part the block needs into the caller's buffer. From a local
+store each chunk is read (os.open, readv) into one buffer the whole block reuses, and decoded
+through one other when it is copied (kernels.memory.scratch), a good share cheaper than a file
+object and a buffer pair per chunk; each file is opened only when it is a regular file no
+larger than a stored chunk can be, else refused unread
+(pipeline.store.chunks.input_store.open_checked). A chunk wholly inside a block one chunk wide
+is decoded straight into the caller's buffer (its rows are contiguous there), which zarr
+cannot do (it decodes into its own buffer, then copies): such blocks of large chunks come this
+way too.
 Arrays it does not cover (filters, a transposing or big-endian layout, codecs other than one
-compressor) and blocks with an unstored chunk go through zarr as before; sharded ones through
+compressor) and blocks with an unstored chunk go through zarr; sharded ones through
 pipeline.store.chunks.sharded, which decodes their inner chunks with ``place``.
 """
 
@@ -196,8 +196,9 @@ def _chunks(
 ) -> Iterator[tuple[tuple[int, int], NDArray[np.uint8] | None]]:
     """Each index with its chunk's stored bytes (None: not stored), valid until the next one is
     asked for: from a local store by plain file reads in this thread into a reused buffer
-    (zarr's local store sends each through its event loop and a thread: ~90 us a chunk, and
-    into new bytes), else ``batch`` at a time in one round trip through zarr's store."""
+    (zarr's local store sends each through its event loop and a thread, a fixed cost per chunk
+    that small chunks feel, and into new bytes), else ``batch`` at a time in one round trip
+    through zarr's store."""
     from zarr.storage import LocalStore
 
     from pipeline.store.chunks.raw import stored_chunks

@@ -5,35 +5,57 @@ is exactly symmetric."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from distributed import Client
 
 from pipeline.api import prepare
 from pipeline.errors import UsageError
 from pipeline.job import MatmulJob
-from pipeline.options import MultiplyResult
+from pipeline.options import (
+    GRAM,
+    MultiplyResult,
+    PrepareOptions,
+    ProductOptions,
+    declared,
+    not_for,
+    takes_options,
+)
 
-NOT_FOR_GRAM = ("transpose_a", "transpose_b", "accumulate", "alpha", "beta", "symmetric")
+NOT_FOR_GRAM = not_for(GRAM)
 """multiply's options that a Gram product does not take: its operands are fixed."""
 
 
+@takes_options(GRAM, refuses=NOT_FOR_GRAM)
 def gram(
-    x: Any, out: Any, *, rows: bool = False, client: Client | None = None, **options: Any
+    x: Any,
+    out: Any,
+    *,
+    rows: bool = False,
+    client: Client | None = None,
+    **options: Unpack[ProductOptions],
 ) -> MultiplyResult:
-    """Compute ``out = xᵀ @ x`` (``rows=True``: ``x @ xᵀ``) for a 2-D Zarr array; ``options``
-    are ``multiply``'s that apply (backend, memory_limit, dtype, chunks, overwrite, resume,
-    verify, storage_options, ...)."""
+    """Compute ``out = xᵀ @ x`` (``rows=True``: ``x @ xᵀ``) for a 2-D Zarr array; the options
+    are ``multiply``'s that apply."""
     return prepare_gram(x, out, rows=rows, **options).execute(client)
 
 
-def prepare_gram(x: Any, out: Any, *, rows: bool = False, **options: Any) -> MatmulJob:
+@takes_options(GRAM, refuses=NOT_FOR_GRAM)
+def prepare_gram(
+    x: Any, out: Any, *, rows: bool = False, **options: Unpack[ProductOptions]
+) -> MatmulJob:
     """Validate and plan ``gram`` (no side effects); see ``pipeline.prepare``."""
     refused = [k for k in NOT_FOR_GRAM if k in options]
     if refused:
-        flags = ", ".join(f"--{k.replace('_', '-')}" for k in refused)
+        flags = ", ".join(declared(k).flag for k in refused)
         raise UsageError(
             f"gram takes no {flags}: G = Xᵀ X (or X Xᵀ with --rows) fixes its operands; use "
             "`multiply` for other products"
         )
-    return prepare(x, x, out, transpose_a=not rows, transpose_b=rows, symmetric=True, **options)
+    fixed: PrepareOptions = {
+        **options,
+        "transpose_a": not rows,
+        "transpose_b": rows,
+        "symmetric": True,
+    }
+    return prepare(x, x, out, **fixed)

@@ -1,0 +1,159 @@
+"""OUT's record: what this tool wrote into OUT's ``tilegemm`` attribute, as one typed value.
+
+Stored as JSON text, so OUT's attributes stay flat (xarray's ``to_netcdf`` takes only
+strings, numbers and lists); OUTs of earlier versions hold the same fields as a nested
+object, still read. A value that does not parse, is larger than MAX_RECORD_CHARS, has a field
+of the wrong type or a field this tool never writes is no record: its array is not ours.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+ATTRS_KEY = "tilegemm"
+"""The attribute this tool writes into OUT; a record there marks OUT as ours."""
+MAX_RECORD_CHARS = 4096
+"""The longest JSON text read as a record (ours are a few hundred characters)."""
+MAX_TEXT_CHARS = 256
+"""The longest fingerprint or precision name a record holds."""
+FIELDS = (
+    "complete", "fingerprint", "tile_shape", "transpose_a", "transpose_b", "symmetric",
+    "precision", "alpha", "verified", "generated",
+)  # fmt: skip
+"""The stored names, in the order they are written."""
+
+
+@dataclass(frozen=True)
+class OutRecord:
+    """OUT's record; every field is optional (a ``random`` array has only its seed)."""
+
+    fingerprint: str | None = None
+    """The plan's fingerprint (inputs, tiling, layout, α): what --resume must match."""
+    complete: bool | None = None
+    """False while tiles are unwritten, True once every tile is; None: not a product's."""
+    verified: bool | None = None
+    """The outcome of ``--verify``; None: not verified."""
+    tile_shape: tuple[int, int] | None = None
+    """The tiling the journal's entries are named by (what --resume keeps)."""
+    transpose_a: bool = False
+    transpose_b: bool = False
+    symmetric: bool = False
+    """A Gram product's: C equals its transpose bitwise."""
+    precision: str | None = None
+    """``--precision`` (verify's tolerance follows it); None: not recorded, which means fp32."""
+    alpha: float | None = None
+    """``--alpha`` when not 1 (verify checks C == α·A·B)."""
+    seed: int | None = None
+    """A ``random`` array's seed (stored as ``generated.seed``)."""
+
+    def __post_init__(self) -> None:
+        for name in ("complete", "verified", "transpose_a", "transpose_b", "symmetric"):
+            value = getattr(self, name)
+            unset = value is None and name in ("complete", "verified")
+            if not (isinstance(value, bool) or unset):
+                raise ValueError(f"{name} is {value!r}, not a boolean")
+        for name in ("fingerprint", "precision"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and len(value) <= MAX_TEXT_CHARS):
+                raise ValueError(f"{name} is not a string of at most {MAX_TEXT_CHARS} characters")
+        shape = self.tile_shape
+        if shape is not None and not (
+            isinstance(shape, tuple) and len(shape) == 2 and all(_count(t, 1) for t in shape)
+        ):
+            raise ValueError(f"tile_shape is {shape!r}, not two integers >= 1")
+        if self.alpha is not None and not (_number(self.alpha) and math.isfinite(self.alpha)):
+            raise ValueError(f"alpha is {self.alpha!r}, not a finite number")
+        if self.seed is not None and not _count(self.seed, 0):
+            raise ValueError(f"seed is {self.seed!r}, not an integer >= 0")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> OutRecord:
+        """The record stored as ``data``; ValueError for a field unknown or of the wrong type."""
+        unknown = set(data) - set(FIELDS)
+        if unknown:
+            raise ValueError(f"unknown field(s) {sorted(unknown)[:3]}")
+        if any(v is None for v in data.values()):
+            raise ValueError("a field is null (an unset field is left out)")
+        fields = {k: v for k, v in data.items() if k not in ("tile_shape", "generated")}
+        shape = data.get("tile_shape")
+        if shape is not None:
+            if not isinstance(shape, list):
+                raise ValueError(f"tile_shape is {shape!r}, not a list")
+            fields["tile_shape"] = tuple(shape)
+        if "generated" in data:
+            fields["seed"] = _seed(data["generated"])
+        alpha = fields.get("alpha")
+        if alpha is not None and _number(alpha):
+            fields["alpha"] = float(alpha)
+        return cls(**fields)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stored fields: only those set (a transpose only when true), lists for tuples."""
+        found: dict[str, Any] = {
+            "complete": self.complete,
+            "fingerprint": self.fingerprint,
+            "tile_shape": None if self.tile_shape is None else list(self.tile_shape),
+            "precision": self.precision,
+            "alpha": self.alpha,
+            "verified": self.verified,
+            "generated": None if self.seed is None else {"seed": self.seed},
+        }
+        for name in ("transpose_a", "transpose_b", "symmetric"):
+            found[name] = True if getattr(self, name) else None
+        return {k: found[k] for k in FIELDS if found[k] is not None}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, allow_nan=False)
+
+    def attributes(self) -> dict[str, Any]:
+        """OUT's attributes holding this record (the one place its stored form is made)."""
+        return {ATTRS_KEY: self.to_json()}
+
+
+def parse(value: object) -> OutRecord | None:
+    """The record a ``tilegemm`` attribute holds: JSON text, or an earlier version's object.
+    None when it holds none, or a malformed one (read within MAX_RECORD_CHARS)."""
+    if isinstance(value, str):
+        if len(value) > MAX_RECORD_CHARS:
+            return None
+        try:
+            value = json.loads(value)
+        except (ValueError, RecursionError):
+            return None
+    if not isinstance(value, dict):
+        return None
+    try:
+        return OutRecord.from_dict(value)
+    except (ValueError, TypeError):
+        return None
+
+
+def of_attributes(attributes: object) -> OutRecord | None:
+    """The record in an array's attributes (a mapping), or None."""
+    return parse(attributes.get(ATTRS_KEY)) if isinstance(attributes, Mapping) else None
+
+
+def of_array(array: Any) -> OutRecord | None:
+    """The record in a zarr array's attributes, or None (not ours, or malformed)."""
+    return of_attributes(dict(array.attrs))
+
+
+def _count(value: object, least: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _seed(generated: object) -> int:
+    if not (isinstance(generated, dict) and set(generated) == {"seed"}):
+        raise ValueError(f"generated is {generated!r}, not {{'seed': N}}")
+    seed = generated["seed"]
+    if not _count(seed, 0):
+        raise ValueError(f"generated.seed is {seed!r}, not an integer >= 0")
+    return int(seed)
