@@ -4,7 +4,7 @@ parsers: `python docs/make_cli_reference.py` (`--check`: exit 1 if either is sta
 Tables are built from the parsers' actions rather than argparse's help text, whose layout
 changes between Python versions; tests/pipeline/test_docs.py fails when docs/cli.md is stale,
 tests/pipeline/test_options.py when README's table is. A product option's row comes from its
-declaration in pipeline/options.py (README_MEANINGS may say more than its help).
+declaration in pipeline/options/product.py (README_MEANINGS may say more than its help).
 """
 
 from __future__ import annotations

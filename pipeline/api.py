@@ -22,17 +22,9 @@ from pipeline.accumulate import flags as accumulation
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.facts.job_plan import check_job_precision, plan_for, planning_backend
 from pipeline.job import MatmulJob
-from pipeline.options import (
-    MULTIPLY,
-    PREPARE,
-    JobOptions,
-    MultiplyResult,
-    PrepareOptions,
-    ProductOptions,
-    carried,
-    checked,
-    takes_options,
-)
+from pipeline.options.declaration import MULTIPLY, PREPARE
+from pipeline.options.job_options import JobOptions, MultiplyResult
+from pipeline.options.product import PrepareOptions, ProductOptions, carried, checked, takes_options
 from pipeline.plan.layout import dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec

@@ -12,9 +12,9 @@ from distributed import Client
 from pipeline.api import prepare
 from pipeline.errors import UsageError
 from pipeline.job import MatmulJob
-from pipeline.options import (
-    GRAM,
-    MultiplyResult,
+from pipeline.options.declaration import GRAM
+from pipeline.options.job_options import MultiplyResult
+from pipeline.options.product import (
     PrepareOptions,
     ProductOptions,
     declared,

@@ -23,7 +23,7 @@ from pipeline.accumulate import state as accumulate
 from pipeline.errors import JobError, UsageError
 from pipeline.facts.devices import calibrated_device, emulated_params
 from pipeline.facts.job_plan import check_job_precision, fingerprint, plan_for, planning_backend
-from pipeline.options import JobOptions, MultiplyResult
+from pipeline.options.job_options import JobOptions, MultiplyResult
 from pipeline.plan.gpu_candidate import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.plan.matmul import MatmulPlan

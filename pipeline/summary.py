@@ -13,7 +13,7 @@ from pipeline.plan.matmul import MatmulPlan, cpu_resource_seconds
 from pipeline.plan.units import format_bytes
 
 if TYPE_CHECKING:
-    from pipeline.options import MultiplyResult
+    from pipeline.options.job_options import MultiplyResult
     from pipeline.verify.check import VerifyResult
 
 

@@ -29,7 +29,8 @@ from pipeline.cli.parser import (
     storage_options,
 )
 from pipeline.errors import PipelineError
-from pipeline.options import GRAM, MULTIPLY, options_for
+from pipeline.options.declaration import GRAM, MULTIPLY
+from pipeline.options.product import options_for
 from pipeline.plan.units import format_bytes
 from pipeline.sensitive.text import redact_url, url_secrets
 from pipeline.sensitive.values import ScrubLogs, scrub, secret_values, warn_if_exposed

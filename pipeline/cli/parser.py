@@ -1,5 +1,5 @@
 """The command line's parser: subcommands and options (a product's from their declarations in
-pipeline.options), argparse types (MxN pairs, positive integers, seeds, KEY=VALUE storage
+pipeline.options.product), argparse types (MxN pairs, positive integers, seeds, KEY=VALUE storage
 options), and one ``error:`` line with a suggestion for a misspelled option or choice."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any, NoReturn
 
 from kernels.backends import PRECISIONS
 from pipeline.errors import UsageError
-from pipeline.options import GRAM, MULTIPLY, Option, declared, options_for
+from pipeline.options.declaration import GRAM, MULTIPLY, Option
+from pipeline.options.product import declared, options_for
 from pipeline.plan.layout import parse_pair
 from pipeline.sensitive.text import is_sensitive, redact_url
 from pipeline.store.options_file import ENV, merged, options_from_env, options_from_file
@@ -102,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _product_args(p: argparse.ArgumentParser, command: str) -> None:
-    """A product's options: those pipeline.options declares for ``command``, with the command
-    line's own (cluster, storage, --dry-run, --no-progress) where --help has always listed them."""
+    """A product's options: those pipeline.options.product declares for ``command``, with the
+    command line's own (cluster, storage, --dry-run, --no-progress) where --help has always listed
+    them."""
     groups: dict[str, argparse._MutuallyExclusiveGroup] = {}  # by the option to add to it
     for option in options_for(command):
         if option.cli:

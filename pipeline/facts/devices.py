@@ -15,7 +15,7 @@ from pipeline import settings
 from pipeline.plan.device_model import DEVICE_CLASSES, DeviceModel
 
 if TYPE_CHECKING:
-    from pipeline.options import JobOptions
+    from pipeline.options.job_options import JobOptions
 
 
 def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:

@@ -14,7 +14,7 @@ from pipeline import settings
 from pipeline.errors import UsageError
 from pipeline.facts.devices import device_model
 from pipeline.facts.host import host_costs, usable_cores, usable_memory_bytes
-from pipeline.options import JobOptions
+from pipeline.options.job_options import JobOptions
 from pipeline.plan.costs import CostModel
 from pipeline.plan.device_model import default_decode_threads
 from pipeline.plan.limits import PlanLimits

@@ -12,7 +12,7 @@ import pytest
 from cluster.spec import ClusterSpec
 from pipeline.facts import host, job_plan
 from pipeline.facts.job_plan import plan_for
-from pipeline.options import JobOptions
+from pipeline.options.job_options import JobOptions
 from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.spec import ArraySpec
 

@@ -1,5 +1,5 @@
-"""Each product option is declared once (pipeline/options.py): the parser of multiply and gram,
-the command line's keywords, the API's signatures and checks, and the docs all come from that
+"""Each product option is declared once (pipeline/options/product.py): the parser of multiply and
+gram, the command line's keywords, the API's signatures and checks, and the docs all come from that
 declaration, and a new option needs nothing else."""
 
 from __future__ import annotations
@@ -15,23 +15,19 @@ from typing import Annotated, Any
 import pytest
 
 from cluster.spec import ClusterSpec
-from pipeline import options
 from pipeline.api import multiply, prepare
 from pipeline.cli.main import _product_options
 from pipeline.cli.parser import build_parser, parse_args
 from pipeline.errors import UsageError
 from pipeline.gramian import gram, prepare_gram
-from pipeline.options import (
+from pipeline.options import product as options
+from pipeline.options.declaration import GRAM, MULTIPLY, PREPARE, Option, declarations
+from pipeline.options.job_options import JobOptions
+from pipeline.options.product import (
     DECLARED,
-    GRAM,
-    MULTIPLY,
-    PREPARE,
-    JobOptions,
-    Option,
     PrepareOptions,
     carried,
     checked,
-    declarations,
     options_for,
     takes_options,
 )

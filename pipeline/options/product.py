@@ -1,25 +1,18 @@
-"""Each product option declared once (``ProductOptions``), what a job was asked
-(``JobOptions``) and what it did (``MultiplyResult``).
-
-A product option is a field of ``ProductOptions`` whose type is ``Annotated`` with an
-``Option``: its default, help, the products that take it and its check. From these come the
-command line's arguments of ``multiply`` and ``gram`` and their keywords
-(pipeline/cli/parser.py, main.py), the keywords and signatures of ``prepare``, ``multiply``,
-``gram`` and ``prepare_gram`` (``takes_options``), ``prepare``'s checks (``checked``) and the
-docs (docs/make_cli_reference.py). A new option is its field here, the ``JobOptions`` field
-that carries it, and the code that uses it.
-"""
+"""Each product option declared once (``ProductOptions``), and what is built from the
+declarations: the keywords and signatures of ``prepare``, ``multiply``, ``gram`` and
+``prepare_gram`` (``takes_options``), ``prepare``'s checks (``checked``) and the values
+``JobOptions`` carries (``carried``); the command line (pipeline/cli/) and the docs
+(docs/make_cli_reference.py) read the same declarations. A new option is its field here, the
+``JobOptions`` field that carries it, and the code that uses it."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import functools
 import inspect
 import textwrap
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Annotated, Any, ForwardRef, TypedDict, TypeVar, cast, get_args, get_type_hints
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, TypedDict, TypeVar, cast
 
 from numpy.typing import DTypeLike
 
@@ -27,52 +20,10 @@ from cluster.memory import MemoryLimit, parse_limit
 from cluster.spec import ClusterSpec
 from kernels.backends import CHOICES, PRECISIONS
 from pipeline.errors import UsageError
+from pipeline.options.declaration import MULTIPLY, PREPARE, Option, Pair, declarations
+from pipeline.options.job_options import JobOptions
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import parse_pair
-from pipeline.plan.matmul import MatmulPlan
-from pipeline.plan.spec import OutputSpec
-from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
-
-MULTIPLY = "multiply"
-GRAM = "gram"
-PREPARE = "prepare"
-"""Takes every declared option (``gram`` is ``prepare`` with some of them fixed)."""
-
-Pair = str | Sequence[int]
-"""``"RxC"`` or ``(rows, columns)``."""
-
-
-@dataclass(frozen=True)
-class Option:
-    """One product option's declaration: the metadata of its ``ProductOptions`` field."""
-
-    default: Any
-    help: str
-    """The command line's help, and the API's."""
-    commands: tuple[str, ...] = (MULTIPLY, GRAM)
-    """The products that take it, on the command line and in the API (``prepare``: all)."""
-    cli: bool = True
-    """A flag of its own (``flag``); False: the API's only, or built by the command line from
-    arguments of its own (cluster, storage, progress)."""
-    metavar: str | None = None
-    choices: tuple[str, ...] | None = None
-    """The values taken: argparse's choices, and ``unknown ...; choose ...`` in the API."""
-    parse: Callable[[str], Any] | None = None
-    """The command line's text to a value as argparse reads it (UsageError: its message)."""
-    check: Callable[[Any, str], Any] | None = None
-    """``prepare``'s check of a value (and the flag to name): the value used, or UsageError."""
-    excludes: str | None = None
-    """The option this one can't be given with."""
-    carried_by: str | None = None
-    """The ``JobOptions`` field that takes the checked value (default: its namesake, if any)."""
-    name: str = ""
-    """The keyword (the field's name)."""
-    annotation: str = ""
-    """The keyword's type as written, for signatures."""
-
-    @property
-    def flag(self) -> str:
-        return "--" + self.name.replace("_", "-")
 
 
 def parse_number(text: str) -> float:
@@ -283,27 +234,6 @@ class PrepareOptions(ProductOptions, total=False):
     ]
 
 
-def declarations(options: type) -> tuple[Option, ...]:
-    """The ``Option`` of each field of a TypedDict like ``PrepareOptions``, named, in order."""
-    hints = get_type_hints(options, include_extras=True)
-    found = []
-    for name, hint in hints.items():
-        option = next(m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Option))
-        shown = _written(options.__annotations__[name], get_args(hint)[0])
-        found.append(dataclasses.replace(option, name=name, annotation=shown))
-    return tuple(found)
-
-
-def _written(raw: object, kind: object) -> str:
-    """A field's type as its source writes it (``DTypeLike | None``, not numpy's long union)."""
-    text = raw.__forward_arg__ if isinstance(raw, ForwardRef) else raw
-    if isinstance(text, str):
-        tree = ast.parse(text, mode="eval").body
-        if isinstance(tree, ast.Subscript) and isinstance(tree.slice, ast.Tuple):
-            return ast.unparse(tree.slice.elts[0])
-    return inspect.formatannotation(kind)
-
-
 DECLARED = declarations(PrepareOptions)
 """Every product option, in --help's order."""
 
@@ -394,63 +324,3 @@ def takes_options(command: str, refuses: Iterable[str] = ()) -> Callable[[F], F]
         return cast(F, call)
 
     return decorate
-
-
-@dataclass(frozen=True)
-class JobOptions:
-    """What the caller asked for; the one carrier of every option from the CLI or API."""
-
-    backend: str = "auto"
-    """A name in kernels.backends, or "auto"."""
-    memory_limit: MemoryLimit | None = None
-    """Per worker as asked (bytes, a fraction or "auto"): the plan resolves it for its workers
-    (cluster.memory), and local workers get it as ``dask worker --memory-limit`` would."""
-    device_memory_limit: int | float | None = None
-    """Per worker's GPU, bytes or a fraction of the device's memory: GPU plans fit it (None:
-    the device's own memory)."""
-    gpu_decode: bool = False
-    """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
-    precision: str = "fp32"
-    """A name in kernels.backends.PRECISIONS: fp32 (the dtype's own arithmetic), or TF32 /
-    3xTF32 tensor cores (float32 data on a GPU backend that lists it)."""
-    overwrite: bool = False
-    resume: bool = False
-    accumulate: bool = False
-    """OUT is an existing C: ``C ← α·A·B + β·C``, each product added exactly once."""
-    alpha: float = 1.0
-    """OUT gets α·A·B (+ β·C with ``accumulate``)."""
-    beta: float = 1.0
-    """C's old values' factor (``accumulate`` only)."""
-    verify: bool = False
-    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
-    """fsspec options for A, B and OUT; repr hides secrets."""
-    output: OutputSpec = field(default_factory=OutputSpec)
-    """OUT's dtype, chunks and shards as asked (None: follow the inputs) and Zarr format."""
-    progress: bool = False
-    cluster: ClusterSpec = field(default_factory=ClusterSpec)
-    """The cluster to start or join when ``execute`` is given no client."""
-    report: str | None = None
-    """Where to save distributed's performance report (HTML), if anywhere."""
-
-    __repr__ = redacted_repr
-
-
-@dataclass(frozen=True)
-class MultiplyResult:
-    shape: tuple[int, int]
-    dtype: str
-    seconds: float
-    """Wall time of ``execute``, cluster start-up included."""
-    tiles_computed: int
-    tiles_skipped: int
-    """Tiles a --resume found already written."""
-    bytes_read: int
-    """Bytes of input elements the tasks read from storage."""
-    backend: str
-    plan: MatmulPlan
-    verified: bool | None = None
-    """None when not asked to verify."""
-    phases: dict[str, float] = field(default_factory=dict)
-    """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
-    usage: dict[str, float] = field(default_factory=dict)
-    """The worker processes' user and system seconds and page faults during the tiles."""

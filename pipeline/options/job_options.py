@@ -1,0 +1,73 @@
+"""What a job was asked (``JobOptions``, every option as checked) and what it did
+(``MultiplyResult``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from cluster.memory import MemoryLimit
+from cluster.spec import ClusterSpec
+from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.spec import OutputSpec
+from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
+
+
+@dataclass(frozen=True)
+class JobOptions:
+    """What the caller asked for; the one carrier of every option from the CLI or API."""
+
+    backend: str = "auto"
+    """A name in kernels.backends, or "auto"."""
+    memory_limit: MemoryLimit | None = None
+    """Per worker as asked (bytes, a fraction or "auto"): the plan resolves it for its workers
+    (cluster.memory), and local workers get it as ``dask worker --memory-limit`` would."""
+    device_memory_limit: int | float | None = None
+    """Per worker's GPU, bytes or a fraction of the device's memory: GPU plans fit it (None:
+    the device's own memory)."""
+    gpu_decode: bool = False
+    """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
+    precision: str = "fp32"
+    """A name in kernels.backends.PRECISIONS: fp32 (the dtype's own arithmetic), or TF32 /
+    3xTF32 tensor cores (float32 data on a GPU backend that lists it)."""
+    overwrite: bool = False
+    resume: bool = False
+    accumulate: bool = False
+    """OUT is an existing C: ``C ← α·A·B + β·C``, each product added exactly once."""
+    alpha: float = 1.0
+    """OUT gets α·A·B (+ β·C with ``accumulate``)."""
+    beta: float = 1.0
+    """C's old values' factor (``accumulate`` only)."""
+    verify: bool = False
+    storage_options: dict[str, Any] = field(default_factory=dict, metadata=SENSITIVE_FIELD)
+    """fsspec options for A, B and OUT; repr hides secrets."""
+    output: OutputSpec = field(default_factory=OutputSpec)
+    """OUT's dtype, chunks and shards as asked (None: follow the inputs) and Zarr format."""
+    progress: bool = False
+    cluster: ClusterSpec = field(default_factory=ClusterSpec)
+    """The cluster to start or join when ``execute`` is given no client."""
+    report: str | None = None
+    """Where to save distributed's performance report (HTML), if anywhere."""
+
+    __repr__ = redacted_repr
+
+
+@dataclass(frozen=True)
+class MultiplyResult:
+    shape: tuple[int, int]
+    dtype: str
+    seconds: float
+    """Wall time of ``execute``, cluster start-up included."""
+    tiles_computed: int
+    tiles_skipped: int
+    """Tiles a --resume found already written."""
+    bytes_read: int
+    """Bytes of input elements the tasks read from storage."""
+    backend: str
+    plan: MatmulPlan
+    verified: bool | None = None
+    """None when not asked to verify."""
+    phases: dict[str, float] = field(default_factory=dict)
+    """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
+    usage: dict[str, float] = field(default_factory=dict)
+    """The worker processes' user and system seconds and page faults during the tiles."""
