@@ -26,22 +26,23 @@ def parse_limit(value: object, flag: str = "--memory-limit") -> MemoryLimit | No
     floats are refused: they would plan for no memory, or mean bytes by accident."""
     if value is None:
         return None
+    given = value
     if isinstance(value, str):
         value = _number(value.strip().lower(), flag)
         if value == "auto":
             return "auto"
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise UsageError(f"{flag} {value!r} is not a memory limit; {EXAMPLES}")
+        raise UsageError(f"{flag} {given!r} is not a memory limit; {EXAMPLES}")
     if isinstance(value, float) and value > 1 and value.is_integer():
         value = int(value)  # 1e9: bytes
     if isinstance(value, float):
         if not (0 < value <= 1) or not math.isfinite(value):
             raise UsageError(
-                f"{flag} {value!r}: a fraction of the memory is above 0 and at most 1; {EXAMPLES}"
+                f"{flag} {given!r}: a fraction of the memory is above 0 and at most 1; {EXAMPLES}"
             )
         return value
     if value <= 0:
-        raise UsageError(f"{flag} {value!r}: a memory limit is a positive size; {EXAMPLES}")
+        raise UsageError(f"{flag} {given!r}: a memory limit is a positive size; {EXAMPLES}")
     return value
 
 

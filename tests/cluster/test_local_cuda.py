@@ -42,7 +42,7 @@ def cuda_client() -> Iterator[Client]:
         warnings.filterwarnings("ignore", "Cannot get CPU affinity", UserWarning)
         # as cluster.start configures it (loopback, temporary TLS), on two mock devices
         spec = ClusterSpec(workers=2, dashboard_address="127.0.0.1:0")
-        kind, options = local_cluster_options(spec, gpus=2, cpus=2, memory_limit_bytes=2 * 2**30)
+        kind, options = local_cluster_options(spec, gpus=2, cpus=2, memory_limit=2 * 2**30)
         assert kind == "cuda"
         assert options["data"] is dict and options["device_memory_limit"] == 0
         cluster = LocalCUDACluster(CUDA_VISIBLE_DEVICES="0,1", worker_class=MockWorker, **options)
