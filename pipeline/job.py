@@ -202,12 +202,8 @@ class MatmulJob:
             device_params=tuple(emulated_params().items()) if spec.modelled else (),
             overlap=settings.get("gpu-overlap"),
             read_concurrency=self._read_concurrency(spec.make_device is not None),
-            gpu_decode=self.options.gpu_decode,
             precision=plan.precision,
-            alpha=self.options.alpha,
-            beta=self.options.beta,
-            accumulate=self.options.accumulate,
-            progress=self.options.progress,
+            options=self.options,
         )
 
     def _factors(self) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ from numpy.typing import NDArray
 
 from pipeline.accumulate.state import ORIGINAL, SAVED, move_originals, object_keys, sidecar
 from pipeline.errors import InputError
+from pipeline.options.job_options import JobOptions
 from pipeline.plan.spec import StoreSpec, Tile
 from pipeline.store.fs import read_small, write_bytes
 from pipeline.store.handles import cached_array
@@ -22,13 +23,7 @@ class TileTask(Protocol):
     """What of a tile task (pipeline.run.spec.TaskSpec) the accumulation reads."""
 
     @property
-    def accumulate(self) -> bool: ...
-
-    @property
-    def alpha(self) -> float: ...
-
-    @property
-    def beta(self) -> float: ...
+    def options(self) -> JobOptions: ...
 
     @property
     def out_dtype(self) -> str: ...
@@ -63,7 +58,7 @@ def original(spec: TileTask, tile: Tile) -> Originals | None:
     """C_old of the tile (None unless accumulating), read from the accumulation's
     ``original/`` after the tile's objects are moved there (once: a marker says they all
     are)."""
-    if not spec.accumulate:
+    if not spec.options.accumulate:
         return None
     side, options = sidecar(spec.output), spec.store.storage_options
     marker = f"{SAVED}/tile-{tile.index[0]}-{tile.index[1]}.json"
@@ -80,16 +75,17 @@ def combine(spec: TileTask, product: NDArray[Any], old: NDArray[Any] | None) -> 
     int64 (or checked in float64 for 64-bit C) so a sum beyond C's range is refused, not
     wrapped."""
     out = np.dtype(spec.out_dtype)
-    if old is None and spec.alpha == 1:
+    alpha, beta = spec.options.alpha, spec.options.beta
+    if old is None and alpha == 1:
         return np.ascontiguousarray(product, dtype=out)
     if out.kind not in "biu":  # new arrays throughout: ``product`` may be a reused buffer
         dt = product.dtype
-        value = product if spec.alpha == 1 else product * np.asarray(spec.alpha, dtype=dt)
+        value = product if alpha == 1 else product * np.asarray(alpha, dtype=dt)
         if old is not None:
             kept = old.astype(dt, copy=False)
-            value = value + (kept if spec.beta == 1 else kept * np.asarray(spec.beta, dtype=dt))
+            value = value + (kept if beta == 1 else kept * np.asarray(beta, dtype=dt))
         return np.ascontiguousarray(value, dtype=out)
-    alpha, beta = int(spec.alpha), int(spec.beta)
+    alpha, beta = int(alpha), int(beta)
     approx = alpha * product.astype(np.float64)
     if old is not None:
         approx += beta * old.astype(np.float64)

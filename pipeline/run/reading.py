@@ -34,7 +34,9 @@ def open_task(
     b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
     CACHE.use(spec.run_id, spec.cache_bytes)
     k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
-    report = events.PanelReporter(spec.run_id if spec.progress else "", tile.index, k0, len(panels))
+    report = events.PanelReporter(
+        spec.run_id if spec.options.progress else "", tile.index, k0, len(panels)
+    )
     return a, b, report
 
 

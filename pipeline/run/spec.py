@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kernels.backends import get_backend
+from pipeline.options.job_options import JobOptions
 from pipeline.plan.spec import StoreSpec
 from pipeline.store.output import Output
 
@@ -45,25 +46,16 @@ class TaskSpec:
     baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""
     precision: str = "fp32"
     """The kernel's arithmetic (kernels.backends.PRECISIONS), already checked for the backend."""
-    gpu_decode: bool = False
-    """Stage zstd chunks compressed and decode them on the device (--gpu-decode), where the
-    inputs qualify (pipeline.store.chunks.raw)."""
-    alpha: float = 1.0
-    """OUT gets α·A·B (--alpha)."""
-    beta: float = 0.0
-    """With ``accumulate``: OUT gets α·A·B + β·C_old."""
-    accumulate: bool = False
-    """OUT is an existing C updated in place, exactly once per tile (pipeline.accumulate.tasks);
-    the journal lives in C's accumulation folder."""
+    options: JobOptions = field(default_factory=JobOptions)
+    """What the caller asked, every option as checked: a task reads the options it acts on
+    here (``spec.options.gpu_decode``, ``.alpha``, ``.accumulate``, ``.progress``, ...), so an
+    option needs no field of its own to reach the workers."""
     out_folder: tuple[int, int] | None = None
     """(st_dev, st_ino) of a local OUT's folder as the job locked it: a task writes only there
     (a folder swapped in at OUT's path is refused)."""
     lock_token: str = ""
     """The token of the lock the job holds on OUT (or C): a task writes a band only while the
     lock still carries it, so a newer job's claim stops an older job's stragglers."""
-    progress: bool = False
-    """Send per-panel progress events (pipeline.run.events; on the GPU path a panel counts
-    once staged for the device)."""
 
     @property
     def staged(self) -> bool:
@@ -77,7 +69,7 @@ class TaskSpec:
     @property
     def journal(self) -> Output:
         """Where tiles are journaled: OUT, or an accumulation's folder inside C."""
-        if not self.accumulate:
+        if not self.options.accumulate:
             return self.output
         from pipeline.accumulate.state import sidecar
 

@@ -86,7 +86,7 @@ def _named_bad_chunks(
     except Exception as e:
         fault = is_device_fault(e)
         what = f"tile {tile.index}"
-        if spec.gpu_decode:
+        if spec.options.gpu_decode:
             try:
                 _read_on_host(spec, tile, panels)
             except PipelineError as named:
@@ -133,8 +133,8 @@ def _panels(
 
     # An operand read transposed is decoded on the host and placed transposed there.
     on_device = {
-        "A": spec.gpu_decode and not spec.store.transposed[0] and device_decodable(a),
-        "B": spec.gpu_decode and not spec.store.transposed[1] and device_decodable(b),
+        "A": spec.options.gpu_decode and not spec.store.transposed[0] and device_decodable(a),
+        "B": spec.options.gpu_decode and not spec.store.transposed[1] and device_decodable(b),
     }
 
     def fill(array: Any, which: str, rows: tuple[int, int], cols: tuple[int, int]) -> Any:

@@ -93,7 +93,7 @@ def test_tasks_report_every_panel(
     a_url = write_array(tmp_path / "a.zarr", random_matrix(rng, (40, 3000), "float32"), (40, 512))
     b_url = write_array(tmp_path / "b.zarr", random_matrix(rng, (3000, 30), "float32"), (512, 30))
     plan, spec = cpu_tile_task(a_url, b_url, tmp_path / "c.zarr")
-    spec = replace(spec, progress=True, run_id="test-run")
+    spec = replace(spec, options=replace(spec.options, progress=True), run_id="test-run")
     tile, panels = next(plan.tiles()), plan.k_panels  # all of K in one task
     assert len(panels) > 2
     seen: list[dict[str, Any]] = []
@@ -149,7 +149,7 @@ def test_staged_gpu_tasks_report_panels_too(
     params = (("tflops", 1.0), ("h2d_gbps", 10.0), ("memory_bytes", 2.0**30))
     spec = replace(
         spec, backend="emulated", device_params=params, staging_bytes=2**26,
-        progress=True, run_id="staged-run",
+        options=replace(spec.options, progress=True), run_id="staged-run",
     )  # fmt: skip
     tile, panels = next(plan.tiles()), plan.k_panels
     seen: list[dict[str, Any]] = []
