@@ -7,7 +7,6 @@ import json
 import logging
 import os
 import socket
-import stat
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -173,11 +172,12 @@ def scheduler_address(path: str, wait_s: float = CONNECT_TIMEOUT_S) -> str:
     """The address in the scheduler file at ``path`` (``dask scheduler --scheduler-file``),
     waiting up to ``wait_s`` for a scheduler being started beside us to write it."""
     from pipeline.errors import ClusterError
+    from pipeline.store.options_file import read_small_file
 
     deadline = time.monotonic() + wait_s
     while True:
         try:
-            info = json.loads(_read_small(path))
+            info = json.loads(read_small_file(path, SCHEDULER_FILE_MAX_BYTES)[0])
             address = info["address"]
             if isinstance(address, str) and address:
                 return address
@@ -192,20 +192,6 @@ def scheduler_address(path: str, wait_s: float = CONNECT_TIMEOUT_S) -> str:
                 f"`dask scheduler --scheduler-file {path}` (or give --scheduler ADDRESS)"
             )
         time.sleep(0.1)
-
-
-def _read_small(path: str) -> bytes:
-    """A regular file's bytes, refused past SCHEDULER_FILE_MAX_BYTES (a FIFO never blocks)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ValueError("it is not a regular file")
-        data = os.read(fd, SCHEDULER_FILE_MAX_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(data) > SCHEDULER_FILE_MAX_BYTES:
-        raise ValueError(f"it holds more than {SCHEDULER_FILE_MAX_BYTES} bytes")
-    return data
 
 
 def _resolve(address: str) -> None:

@@ -7,10 +7,10 @@ import logging
 import math
 
 from dask.system import CPU_COUNT
-from dask.utils import parse_bytes
 from distributed.worker_memory import parse_memory_limit
 
 from pipeline.errors import UsageError
+from pipeline.settings import parse_size
 
 log = logging.getLogger("pipeline")
 
@@ -21,14 +21,14 @@ EXAMPLES = "e.g. 16GiB, 0.5 (half of the memory) or auto"
 
 
 def parse_limit(value: object, flag: str = "--memory-limit") -> MemoryLimit | None:
-    """``value`` checked and normalised: bytes (a size string read by dask's ``parse_bytes``),
+    """``value`` checked and normalised: bytes (a size read by pipeline.settings.parse_size),
     a fraction, "auto", or None (not asked). Zero, negatives and fractions above 1 written as
     floats are refused: they would plan for no memory, or mean bytes by accident."""
     if value is None:
         return None
     given = value
     if isinstance(value, str):
-        value = _number(value.strip().lower(), flag)
+        value = _number(value.strip().lower(), f"{flag} {value!r}")
         if value == "auto":
             return "auto"
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -46,7 +46,7 @@ def parse_limit(value: object, flag: str = "--memory-limit") -> MemoryLimit | No
     return value
 
 
-def _number(text: str, flag: str) -> int | float | str:
+def _number(text: str, named: str) -> int | float | str:
     """ "auto", a number as written ("0.5" a fraction, "1000000" or "1e9" bytes), or a size."""
     if text == "auto":
         return text
@@ -56,9 +56,9 @@ def _number(text: str, flag: str) -> int | float | str:
         except ValueError:
             pass
     try:
-        return parse_bytes(text)
-    except ValueError:
-        raise UsageError(f"{flag} {text!r} is not a memory limit; {EXAMPLES}") from None
+        return parse_size(text)
+    except UsageError:
+        raise UsageError(f"{named} is not a memory limit; {EXAMPLES}") from None
 
 
 def local_limit(asked: MemoryLimit | None, threads_per_worker: int) -> int | None:

@@ -38,7 +38,9 @@ def options_from_file(path: str) -> dict[str, Any]:
     warning when it holds secrets others can read."""
     source = f"--storage-options-file {path}"
     try:
-        data, mode = _read_options(path, source)
+        data, mode = read_small_file(path, OPTIONS_MAX_BYTES)
+    except NotReadable as e:
+        raise UsageError(f"{source} {e}; {EXAMPLE}") from None
     except OSError as e:
         raise UsageError(f"{source} cannot be read ({e.strerror}); {EXAMPLE}") from None
     try:
@@ -57,32 +59,36 @@ def options_from_file(path: str) -> dict[str, Any]:
     return options
 
 
-def _read_options(path: str, source: str) -> tuple[bytes, int]:
-    """The bytes and mode of the regular file at ``path`` (links followed), refused when it
-    is something else or larger than OPTIONS_MAX_BYTES."""
+class NotReadable(ValueError):
+    """A small file that is not a regular file, or larger than it may be."""
+
+
+def read_small_file(path: str, limit: int) -> tuple[bytes, int]:
+    """The bytes and mode of the regular file at ``path`` (links followed); NotReadable when
+    it is something else or holds more than ``limit`` bytes, OSError when it can't be read."""
     # A look before the open (opening some devices acts), then the open file's own: opened
     # with O_NONBLOCK, a FIFO swapped in between cannot block the open.
-    _regular(os.stat(path).st_mode, source)
+    _regular(os.stat(path).st_mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         mode = os.fstat(fd).st_mode
-        _regular(mode, source)
-        pieces, left = [], OPTIONS_MAX_BYTES + 1
+        _regular(mode)
+        pieces, left = [], limit + 1
         while left > 0 and (piece := os.read(fd, left)):
             pieces.append(piece)
             left -= len(piece)
     finally:
         os.close(fd)
     if left <= 0:
-        raise UsageError(f"{source} holds more than {OPTIONS_MAX_BYTES:,} bytes; {EXAMPLE}")
+        raise NotReadable(f"holds more than {limit:,} bytes")
     return b"".join(pieces), mode
 
 
-def _regular(mode: int, source: str) -> None:
+def _regular(mode: int) -> None:
     if not stat.S_ISREG(mode):
         kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))
         kind = next((k for test, k in kinds if test(mode)), "a device or special file")
-        raise UsageError(f"{source} is {kind}, not a regular file; {EXAMPLE}")
+        raise NotReadable(f"is {kind}, not a regular file")
 
 
 def _json_object(text: str, source: str) -> dict[str, Any]:

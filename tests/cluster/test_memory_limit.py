@@ -65,7 +65,9 @@ def test_a_running_worker_shares_its_own_limit() -> None:
     assert worker_limit(0.5, None) is None
 
 
-@pytest.mark.parametrize("given", ["0", "-1", "1.5", "x", "4 parsecs", 0, -5, True, "nan", 2.5])
+@pytest.mark.parametrize(
+    "given", ["0", "-1", "1.5", "x", "4 parsecs", 0, -5, True, "nan", 2.5, "", "-4GiB"]
+)
 def test_nonsense_is_refused_with_examples(given: object) -> None:
     with pytest.raises(UsageError, match=r"--memory-limit .*e\.g\. 16GiB, 0\.5"):
         parse_limit(given)
