@@ -54,6 +54,12 @@ class Case:
     note: str
     shards: tuple[int, int] | None = None
     """Both inputs' chunks stored in shards of this shape (written through zarr)."""
+    workers: int | None = None
+    """Local worker processes (--workers, in the dry run and the run; None: the default one)."""
+
+    @property
+    def flags(self) -> list[str]:
+        return ["--workers", str(self.workers)] if self.workers else []
 
 
 CASES = (
@@ -66,13 +72,21 @@ CASES = (
     Case("prime", ((4096, 4096), (997, 1009)), ((4096, 4096), (1013, 991)), "4096², prime chunks"),
     Case("sharded-64", ((4096, 4096), (64, 64)), ((4096, 4096), (64, 64)), "4096², 64² chunks",
          (1024, 1024)),  # in 1024² shards
+    # Two worker processes of one thread each: the model's share of the tasks per worker.
+    Case("square-2048-w2", ((8192, 8192), (2048, 2048)), ((8192, 8192), (2048, 2048)),
+         "8192², 2 workers", workers=2),
+    Case("chunks-256-w2", ((4096, 4096), (256, 256)), ((4096, 4096), (256, 256)),
+         "4096², 2 workers", workers=2),
+    Case("tall-skinny-w2", ((100000, 32), (10000, 32)), ((32, 2000), (32, 1000)),
+         "100000x32, 2 workers", workers=2),
 )  # fmt: skip
 
 
 def inputs(case: Case, data: Path) -> tuple[str, str]:
     urls = []
+    stem = case.name.removesuffix(f"-w{case.workers}")  # the same data on more workers
     for name, (shape, chunks), seed in (("a", case.a, 1), ("b", case.b, 2)):
-        url = data / f"{case.name}-{name}.zarr"
+        url = data / f"{stem}-{name}.zarr"
         if (url / "zarr.json").exists():
             pass
         elif case.shards is None:
@@ -84,12 +98,13 @@ def inputs(case: Case, data: Path) -> tuple[str, str]:
     return urls[0], urls[1]
 
 
-def modelled(a: str, b: str, out: str) -> dict[str, Any]:
+def modelled(a: str, b: str, out: str, flags: list[str]) -> dict[str, Any]:
     """The dry run's figures, read from its text (so an older checkout, on PYTHONPATH, can be
     measured the same way): the estimated time, and the terms grouped as the run measures them
     (product; decode = read + decode; write = encode + write)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--dry-run"],
+        [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--dry-run",
+         *flags],
         capture_output=True, text=True, check=True, cwd=Path(a).parent,
     )  # fmt: skip
     text = done.stdout
@@ -101,7 +116,7 @@ def modelled(a: str, b: str, out: str) -> dict[str, Any]:
         "write": terms.get("encode", 0.0) + terms.get("write", 0.0),
     }
     return {
-        "job": float(re.search(r"^estimated time\s+([0-9.]+) s", text, re.M).group(1)),  # type: ignore[union-attr]
+        "job": estimated_seconds(text),
         "cpu": sum(grouped.values()),
         **grouped,
         "bound": re.search(r"^bound by: (\S+)", text, re.M).group(1),  # type: ignore[union-attr]
@@ -109,11 +124,19 @@ def modelled(a: str, b: str, out: str) -> dict[str, Any]:
     }
 
 
-def measured(a: str, b: str, out: str) -> dict[str, float]:
+def estimated_seconds(text: str) -> float:
+    """The dry run's estimate in seconds: ``4 min 12 s (252.0 s) on ...`` or ``38.2 s on``."""
+    line = re.search(r"^estimated time\s+(.*)$", text, re.M).group(1)  # type: ignore[union-attr]
+    exact = re.search(r"\(([0-9.]+) s\)", line) or re.match(r"([0-9.]+) s\b", line)
+    return float(exact.group(1))  # type: ignore[union-attr]
+
+
+def measured(a: str, b: str, out: str, flags: list[str]) -> dict[str, float]:
     load = os.getloadavg()[0]  # other work on the machine: the figures are noisy above ~2
     start = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--no-progress"],
+        [sys.executable, "-m", "pipeline", "multiply", a, b, out, "--overwrite", "--no-progress",
+         *flags],
         capture_output=True, text=True, check=True, cwd=Path(a).parent,
     )  # fmt: skip
     wall = time.perf_counter() - start
@@ -185,8 +208,8 @@ def main() -> None:
     for case in (c for c in CASES if c.name in args.cases.split(",")):
         a, b = inputs(case, data)
         out = str(data / f"{case.name}-c.zarr")
-        model = modelled(a, b, out)
-        runs = [measured(a, b, out) for _ in range(args.repeats)]
+        model = modelled(a, b, out, case.flags)
+        runs = [measured(a, b, out, case.flags) for _ in range(args.repeats)]
         rows.append({"case": case.name, "note": case.note, "model": model, "measured": median(runs),
                      "runs": runs})  # fmt: skip
         print(table(rows[-1:]).splitlines()[-1], flush=True)

@@ -221,6 +221,17 @@ README_MEANINGS = {
     "fraction of the device's (default: the device's, or the `tilegemm.device-class` defaults "
     "in a dry run); tiles are sized against "
     "it, the accumulator staying on the device",
+    "device_class": "plan `cuda`/`cublas` for this GPU where the workers' own is not measured: "
+    "with `--dry-run` and no cluster, `--device-class h100-sxm --workers 64 --memory-limit "
+    "200GiB` sizes a cluster you don't have (each worker one GPU; its host's cores per GPU as "
+    "the class's reference servers have them). Default: the GPU that `doctor` measured and "
+    "saved on this machine, else the `tilegemm.device-class` setting. The dry run says which "
+    "figures are vendor peaks, measured on a device or calibrated on this host, and each GPU "
+    "backend's modelled time where they differ by over 1.3x; see "
+    "[Sizing a cluster](#sizing-a-cluster-you-dont-have)",
+    "storage_gbps": "GB/s of array data each worker reads from storage (a shared file system "
+    "or an object store) in the plan's time; default: this host's calibrated local reads, "
+    "which the dry run names",
     "gpu_decode": "`cuda`/`emulated`: copy zstd chunks compressed and decode them on the GPU "
     "with nvCOMP (`pip install nvidia-nvcomp-cu13` on every GPU worker) instead of on the "
     "host; an input whose chunks are not plain zstd frames (sharded, Blosc, LZ4, ...) is "
@@ -254,9 +265,11 @@ README_MEANINGS = {
     "alpha": "the product's factor (default 1; alone, a fresh `X·A·B`)",
     "beta": "C's old values' factor with `--accumulate` (default 1)",
     "verify": "Freivalds check after the product; the outcome is stored in OUT's attributes",
-    "dry_run": "print the plan (tiles, K panels, memory per task and per GPU, flops, each "
-    "resource's modelled seconds, reads vs the lower bound) and a last line "
-    "`bound by: <resource>`",
+    "dry_run": "print the plan (tiles, K panels, memory per task and per GPU, flops, the time in "
+    "hours and minutes, where each figure comes from, OUT's size and the free space where it "
+    "goes, each resource's modelled seconds, reads vs the lower bound) and a last line "
+    "`bound by: <resource>`; for the cluster `--scheduler` names, else the one the options "
+    "describe (see [Sizing a cluster](#sizing-a-cluster-you-dont-have))",
     "report": "save distributed's performance report of the run (never onto or inside an input "
     "or OUT; an existing file is replaced only if it is such a report)",
     "no_progress": "no progress line (tiles and K panels done, GFLOP/s of this run's work, "

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
 from distributed import Client
 
 from kernels.backends import get_backend
@@ -22,7 +23,13 @@ from pipeline import settings
 from pipeline.accumulate import state as accumulate
 from pipeline.errors import JobError, UsageError
 from pipeline.facts.devices import calibrated_device, emulated_params
-from pipeline.facts.job_plan import check_job_precision, fingerprint, plan_for, planning_backend
+from pipeline.facts.job_plan import (
+    backend_times,
+    check_job_precision,
+    fingerprint,
+    plan_for,
+    planning_backend,
+)
 from pipeline.options.job_options import JobOptions, MultiplyResult
 from pipeline.plan.gpu_candidate import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
@@ -44,10 +51,11 @@ from pipeline.sensitive.values import warn_if_exposed
 from pipeline.store import inputs, journal, owned, resume
 from pipeline.store.fs import local_path
 from pipeline.store.lock import HeldLock
-from pipeline.store.output import Output
+from pipeline.store.output import Output, output_compressors
 from pipeline.store.record import OutRecord
 from pipeline.store.signature import Listing, metadata_digest
-from pipeline.summary import add_to_report, format_plan, report_context
+from pipeline.store.space import Room, check_room, describe_room, room_for
+from pipeline.summary import add_to_report, format_backends, format_plan, report_context
 
 log = logging.getLogger("pipeline")
 __all__ = [
@@ -78,34 +86,60 @@ class MatmulJob:
     """OUT's dimension names (A's rows, B's columns), for xarray."""
     key_encodings: tuple[tuple[str, str], tuple[str, str]] = (("default", "/"),) * 2
     """A's and B's chunk key encodings (name, separator): --resume maps changed keys to tiles."""
+    backend_times: tuple[tuple[str, float], ...] = ()
+    """Each GPU backend's modelled seconds, when the plan rests on a device's vendor figures."""
 
     @property
     def output(self) -> Output:
         return Output(self.store.out_url, self.store.storage_options)
 
     def describe(self) -> str:
-        """The plan as a table (what --dry-run prints)."""
-        return format_plan(self.plan)
+        """The plan as a table (what --dry-run prints), with OUT's size and room and, when
+        they differ, each GPU backend's modelled time."""
+        lines: tuple[tuple[str, str], ...] = ()
+        if room := self.room():
+            lines += ((self._out_name, describe_room(room)),)
+        if backends := format_backends(self.backend_times, self.plan):
+            lines += (("backends", backends),)
+        return format_plan(self.plan, lines)
+
+    @property
+    def _out_name(self) -> str:
+        return "G" if self.store.symmetric else "OUT"
+
+    def room(self) -> Room | None:
+        """OUT's size and the free space where it goes (None: --accumulate writes into C's
+        own chunks)."""
+        if self.options.accumulate:
+            return None
+        out = self.plan.out
+        existing = self.state is not None and (self.options.overwrite or self.options.resume)
+        needed = out.shape[0] * out.shape[1] * np.dtype(out.dtype).itemsize
+        compressed = output_compressors(out.dtype) is not None
+        return room_for(self.store.out_url, needed, compressed, existing)
 
     __str__ = describe
 
     def for_cluster(self, client: Client, backend: str | None = None) -> MatmulJob:
         """The same job planned for the workers of ``client`` (and a resolved backend)."""
-        chosen = backend or planning_backend(self.options.backend)
+        chosen = backend or planning_backend(self.options.backend, self.options.device_class)
         live = describe_workers(client)
         if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
             live["device"] = calibrated_device(client, self.plan.compute_dtype)
-        plan = plan_for(
-            self.a, self.b, self.options, self.state, live, chosen,
-            transposed=self.store.transposed, symmetric=self.store.symmetric,
-        )  # fmt: skip
-        return replace(self, plan=plan)
+        job = (self.a, self.b, self.options, self.state, live)
+        t, sym = self.store.transposed, self.store.symmetric
+        plan = plan_for(*job, chosen, transposed=t, symmetric=sym)
+        times = backend_times(*job, plan, transposed=t, symmetric=sym)
+        return replace(self, plan=plan, backend_times=times)
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed).
         OUT is claimed (created exclusively, locked, re-checked) before any cluster starts."""
         started = time.perf_counter()
         opts = self.options
+        if (room := self.room()) is not None:  # before anything is created
+            out = self.plan.out
+            check_room(room, self._out_name, self.store.out_url, out.shape, out.dtype)
         report = report_context(opts.report, opts.storage_options)
         current = (lambda: accumulate.snapshot(self.output)) if opts.accumulate else None
         claim = self.output.claim(

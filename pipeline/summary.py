@@ -8,16 +8,19 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from pipeline.cputime import ROWS
+from pipeline.plan.device_model import VENDOR
 from pipeline.plan.gpu_candidate import panel_decode_rate
 from pipeline.plan.matmul import MatmulPlan, cpu_resource_seconds
-from pipeline.plan.units import format_bytes
+from pipeline.plan.units import format_bytes, format_duration
 
 if TYPE_CHECKING:
     from pipeline.options.job_options import MultiplyResult
     from pipeline.verify.check import VerifyResult
 
 
-def format_plan(plan: MatmulPlan) -> str:
+def format_plan(plan: MatmulPlan, more: tuple[tuple[str, str], ...] = ()) -> str:
+    """The dry run's table; ``more``: the job's own lines (OUT's room, other backends' times),
+    after the estimate."""
     (m, k), n = plan.a.shape, plan.b.shape[1]
     rows, cols = plan.grid
     panels = plan.k_panels
@@ -48,6 +51,8 @@ def format_plan(plan: MatmulPlan) -> str:
         ("memory per worker", format_bytes(plan.worker_bytes)),
         ("flops", f"{plan.flops:.3e}"),
         ("estimated time", _estimate(plan)),
+        *_figures(plan),
+        *more,
         ("modelled seconds", _resources(plan)),
         (
             "planned reads",
@@ -100,27 +105,74 @@ def _task_memory(plan: MatmulPlan) -> str:
 
 
 def _estimate(plan: MatmulPlan) -> str:
+    seconds = plan.estimated_seconds + plan.costs.setup_seconds
+    where = f"{plan.workers} worker(s)" + (f", one {plan.device.name} each" if plan.device else "")
+    overlap = "; stages overlapped" if plan.device else ""
+    exact = f" ({seconds:.1f} s)" if seconds >= 60 else ""
+    return f"{format_duration(seconds)}{exact} on {where}{overlap}"
+
+
+DEVICE_SOURCES = {
+    VENDOR: "vendor figures (datasheet peaks; not measured by us)",
+    "calibrated": "measured on the workers",
+    "emulated": "the emulated device's settings",
+}
+
+
+def _figures(plan: MatmulPlan) -> tuple[tuple[str, str], ...]:
+    """Where each rate of the estimate comes from: calibrated on this host, measured on a
+    device (the workers', or saved by `doctor`), or a vendor's figures."""
     costs = plan.costs
-    total = f"{plan.estimated_seconds + costs.setup_seconds:.1f} s on this cluster"
-    if plan.device is None:
-        decode = 1 / (costs.read.per_byte + costs.decode.per_byte)
-        return (
-            f"{total} (CPU model calibrated on {costs.machine}: "
-            f"{costs.flops_per_second / 1e9:.0f} GFLOP/s and "
-            f"{decode / 1e9:.1f} GB/s read and decode per thread, plus a cost per chunk)"
+    decode = 1 / max(costs.decode.per_byte, 1e-15)
+    host = (
+        f"CPU model calibrated on {costs.machine}: "
+        f"{costs.flops_per_second / 1e9:.0f} GFLOP/s and {decode / 1e9:.1f} GB/s decode per "
+        "thread, plus a cost per chunk"
+    )
+    if costs.read_rate:
+        storage = f"{costs.read_rate / 1e9:g} GB/s per worker (--storage-gbps)"
+    else:
+        storage = (
+            f"this host's calibrated local reads ({1 / max(costs.read.per_byte, 1e-15) / 1e9:.1f} "
+            "GB/s per thread; --storage-gbps sets a shared file system's or an object store's)"
         )
     d = plan.device
-    return (
-        f"{total} ({d.name} {d.source}: "
-        f"{d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s peak, "
-        f"{d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device; stages overlapped"
-        + (
+    if d is None:
+        return (("host figures", host), ("storage", storage))
+    source = DEVICE_SOURCES.get(d.source) or f"measured by doctor, {d.source}"
+    device = (
+        f"{d.name}, {source}: {d.flops(plan.compute_dtype) / 1e12:.1f} TFLOP/s"
+        f"{f' x {plan.flops_fraction:.2f} for this backend' if plan.flops_fraction != 1 else ''}"
+        f", {d.h2d_bytes_per_second / 1e9:.0f} GB/s host-to-device, {plan.decode_threads} "
+        "host thread(s) decoding per GPU"
+    )
+    if d.decodes_chunks:
+        device += (
             f"; zstd decoded on the device at {panel_decode_rate(plan, d) / 1e9:.1f} GB/s "
             f"(a frame per chunk, one thread block each; {d.decode_bytes_per_second / 1e9:.0f} "
-            "GB/s peak, assumed), counted in the kernel's time)"
-            if d.decodes_chunks
-            else ")"
+            "GB/s peak, assumed), counted in the kernel's time"
         )
+    return (("device figures", device), ("host figures", host), ("storage", storage))
+
+
+SPEEDUP_WORTH_TELLING = 1.3
+"""Backends' modelled times are listed when the fastest is this much faster than the plan's."""
+
+
+def format_backends(times: tuple[tuple[str, float], ...], plan: MatmulPlan) -> str | None:
+    """Each GPU backend's modelled time and the option that selects the fastest, when it is
+    SPEEDUP_WORTH_TELLING faster than another; None when they are about even."""
+    if len(times) < 2:
+        return None
+    fastest, best = min(times, key=lambda t: t[1])
+    slowest = max(t for _, t in times)
+    if slowest < SPEEDUP_WORTH_TELLING * best:
+        return None
+    listed = ", ".join(f"{name} {format_duration(t)}" for name, t in times)
+    return (
+        f"{listed}: --backend {fastest} is modelled {slowest / best:.1f}x faster than the "
+        f"slowest (vendor figures; each backend's share of the peak is assumed, not measured: "
+        "`make gpu-session` on that GPU measures them)"
     )
 
 

@@ -6,8 +6,11 @@ module would run its numba check after numba is loaded.
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
 # Too late once numba is imported: the CUDA kernel tests would then skip silently.
 assert "numba" not in sys.modules, "numba was imported before tests/conftest.py"
@@ -19,6 +22,11 @@ os.environ.setdefault("DASK_DISTRIBUTED__WORKER__DAEMON", "False")
 # Plans in the suite use the committed calibration, whatever this host's speed
 # (tests/pipeline/test_host_probe.py covers the scaling).
 os.environ.setdefault("DASK_TILEGEMM__HOST_PROBE", "False")
+# Saved device and host records (kernels.device.figures) steer plans: the suite, and its CLI
+# subprocesses, start from none, whatever `doctor` saved on this machine.
+if os.environ.get("TILEGEMM_TEST_GPU") != "1":
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="tilegemm-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["XDG_CACHE_HOME"], True)
 
 from cluster.tuning import worker_config  # noqa: E402  (pure: no dask, no numba)
 

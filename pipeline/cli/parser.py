@@ -178,7 +178,11 @@ def _local_cluster_args(p: argparse.ArgumentParser) -> None:
         help="use the running cluster whose scheduler wrote PATH (dask scheduler "
         "--scheduler-file, dask-jobqueue, dask-mpi)",
     )
-    p.add_argument("--workers", type=positive_int, help="local worker processes")
+    p.add_argument(
+        "--workers",
+        type=positive_int,
+        help="local worker processes (a dry run without a cluster: the workers to plan for)",
+    )
     p.add_argument("--threads-per-worker", type=positive_int, help="threads per local worker")
 
 

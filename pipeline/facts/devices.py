@@ -1,9 +1,11 @@
 """Client side: the GPU a plan is made for — calibrated on the workers, the emulated
-device's configured figures, or a named device class's defaults."""
+device's configured figures, a named device class's vendor figures, or the record of a GPU
+that `doctor` measured and saved."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +21,9 @@ if TYPE_CHECKING:
 
 
 def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str) -> DeviceModel:
-    """The workers' calibrated GPU when known, the emulated device's figures, else the
-    configured device class's defaults (``tilegemm.device-class``); capped by
-    --device-memory-limit."""
+    """The workers' calibrated GPU when known, the emulated device's figures, the device
+    class asked for (--device-class), a GPU `doctor` saved, else the configured device
+    class's vendor figures (``tilegemm.device-class``); capped by --device-memory-limit."""
     model = (live or {}).get("device")
     if get_backend(backend).modelled:
         p = emulated_params()
@@ -35,13 +37,55 @@ def device_model(options: JobOptions, live: dict[str, Any] | None, backend: str)
             "emulated",
             p["decode_gbps"] * 1e9,
         )
+    if model is None and options.device_class:
+        model = DEVICE_CLASSES[options.device_class]
     if model is None:
-        model = DEVICE_CLASSES[settings.get("device-class")]
+        model = saved_device() or DEVICE_CLASSES[settings.get("device-class")]
     cap = options.device_memory_limit
     if isinstance(cap, float):  # a fraction of the device's memory, as dask-cuda reads one
         cap = int(cap * model.memory_bytes)
     memory = min(model.memory_bytes, cap) if cap else model.memory_bytes
     return replace(model, memory_bytes=memory, decodes_chunks=options.gpu_decode)
+
+
+def saved_device() -> DeviceModel | None:
+    """The GPU whose figures `doctor` (or a job's calibration) saved most recently for the
+    kernels of this checkout, or None: a dry run without a cluster plans for it."""
+    from kernels.device.figures import kernel_source_hash, load_records
+
+    records = [r for r in load_records() if _rated(r.get("figures"))]
+    if not records:
+        return None
+    current = kernel_source_hash()
+    fresh = [r for r in records if r["key"].get("kernels") == current]
+    if not fresh:
+        return None
+    record = max(fresh, key=lambda r: str(r.get("date", "")))
+    figures, key = record["figures"], record["key"]
+    ratio = DEVICE_CLASSES[settings.get("device-class")]
+    f64_per_f32 = ratio.float64_flops / ratio.float32_flops
+    try:
+        f32 = float(figures.get("float32_flops") or figures["float64_flops"] / f64_per_f32)
+        f64 = float(figures.get("float64_flops") or f32 * f64_per_f32)
+        h2d, memory = float(figures["h2d_bytes_per_second"]), int(key["memory_bytes"])
+    except (KeyError, TypeError, ValueError):  # a record written by hand, or damaged
+        return None
+    if not all(math.isfinite(x) and x > 0 for x in (f32, f64, h2d, memory)):
+        return None
+    return DeviceModel(
+        name=str(key.get("gpu", "GPU")),
+        memory_bytes=memory,
+        float32_flops=f32,
+        float64_flops=f64,
+        h2d_bytes_per_second=h2d,
+        source=f"saved {record.get('date', '')}".strip(),
+    )
+
+
+def _rated(figures: object) -> bool:
+    return isinstance(figures, dict) and bool(
+        figures.get("float32_flops") or figures.get("float64_flops")
+    )
 
 
 def emulated_params() -> dict[str, float]:

@@ -11,12 +11,12 @@ from typing import Any
 from cluster.memory import local_limit, worker_limit
 from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, PRECISIONS, check_precision
 from pipeline import settings
-from pipeline.errors import UsageError
+from pipeline.errors import PipelineError, UsageError
 from pipeline.facts.devices import device_model
 from pipeline.facts.host import host_costs, usable_cores, usable_memory_bytes
 from pipeline.options.job_options import JobOptions
-from pipeline.plan.costs import CostModel
-from pipeline.plan.device_model import default_decode_threads
+from pipeline.plan.costs import CostModel, with_read_rate
+from pipeline.plan.device_model import DEVICE_CLASSES, VENDOR, default_decode_threads
 from pipeline.plan.limits import PlanLimits
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.operands import attributes
@@ -24,9 +24,12 @@ from pipeline.plan.search import plan_matmul
 from pipeline.plan.spec import ArraySpec
 
 
-def planning_backend(requested: str) -> str:
-    """The backend to plan for before the workers are asked: the one named, else the CPU."""
-    return CPU if requested == AUTO else requested
+def planning_backend(requested: str, device_class: str | None = None) -> str:
+    """The backend to plan for before the workers are asked: the one named; for "auto" the
+    GPU's when a device class is named (workers with that GPU would run it), else the CPU."""
+    if requested == AUTO:
+        return AUTO_GPU if device_class else CPU
+    return requested
 
 
 def plan_for(
@@ -47,18 +50,13 @@ def plan_for(
     ``costs``: the cost model to plan with (None: this host's, host_costs()). The host's
     cores and memory are what this process may use (a container's limits), as a local
     cluster is sized."""
-    total = usable_memory_bytes()
-    cores = usable_cores()
     gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
-    if live is None:
-        workers = options.cluster.workers or 1
-        # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
-        threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
-        limit = local_limit(options.memory_limit, threads) or total // workers
-    else:
-        workers, threads = live["workers"], live["threads"]
-        own = live["memory_limit"]
-        limit = min(x for x in (worker_limit(options.memory_limit, own), own or total) if x)
+    workers, threads, limit, decode_threads = _workers(options, live, gpu)
+    costs = host_costs() if costs is None else costs
+    if options.storage_gbps:
+        costs = with_read_rate(
+            costs, options.storage_gbps * 1e9, decode_threads if gpu else threads
+        )
     forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
     plan = plan_matmul(
         a,
@@ -71,13 +69,66 @@ def plan_for(
         memory_limit_bytes=limit,
         tile_shape=(int(forced[0]), int(forced[1])) if forced else None,
         device=device_model(options, live, backend) if gpu else None,
-        decode_threads=default_decode_threads(cores, workers),
+        decode_threads=decode_threads,
         output=options.output,
         transposed=transposed,
         symmetric=symmetric,
-        costs=host_costs() if costs is None else costs,
+        costs=costs,
     )
     return replace(plan, precision=options.precision)
+
+
+def backend_times(
+    a: ArraySpec,
+    b: ArraySpec,
+    options: JobOptions,
+    state: dict[str, Any] | None,
+    live: dict[str, Any] | None,
+    plan: MatmulPlan,
+    *,
+    transposed: tuple[bool, bool] = (False, False),
+    symmetric: bool = False,
+) -> tuple[tuple[str, float], ...]:
+    """Each GPU backend's modelled seconds for the job (its own plan on the same workers),
+    when ``plan`` is a GPU plan on vendor figures; none otherwise: a device's measured rate is
+    our kernel's, and cuBLAS's is not measured."""
+    if plan.device is None or plan.device.source != VENDOR:
+        return ()
+    times = []
+    for name, spec in BACKENDS.items():
+        if spec.device != "gpu" or spec.modelled or plan.compute_dtype not in (spec.dtypes or ()):
+            continue
+        try:
+            check_precision(name, plan.compute_dtype, options.precision)
+            other = plan_for(
+                a, b, options, state, live, name,
+                transposed=transposed, symmetric=symmetric, costs=plan.costs,
+            )  # fmt: skip
+        except (ValueError, PipelineError):  # a backend that can't compute it, or fit it
+            continue
+        times.append((name, other.estimated_seconds + other.costs.setup_seconds))
+    return tuple(times)
+
+
+def _workers(
+    options: JobOptions, live: dict[str, Any] | None, gpu: bool
+) -> tuple[int, int, int, int]:
+    """Workers, threads and memory limit per worker, and host threads decoding a GPU
+    worker's panels: the live cluster's, else those asked for (a local cluster's defaults)."""
+    total, cores = usable_memory_bytes(), usable_cores()
+    if live is not None:
+        workers, threads, own = live["workers"], live["threads"], live["memory_limit"]
+        limit = min(x for x in (worker_limit(options.memory_limit, own), own or total) if x)
+        return workers, threads, limit, default_decode_threads(cores, workers)
+    workers = options.cluster.workers or 1
+    # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
+    threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
+    asked = options.memory_limit  # a size is taken as given: the workers may be elsewhere
+    limit = asked if isinstance(asked, int) else local_limit(asked, threads) or total // workers
+    decode_threads = default_decode_threads(cores, workers)
+    if gpu and options.device_class:  # a cluster not at hand: its hosts' cores per GPU
+        decode_threads = DEVICE_CLASSES[options.device_class].host_cores or decode_threads
+    return workers, threads, limit, decode_threads
 
 
 def check_job_precision(requested: str, resolved: str | None, dtype: str, precision: str) -> None:

@@ -25,6 +25,13 @@ class JobOptions:
     device_memory_limit: int | float | None = None
     """Per worker's GPU, bytes or a fraction of the device's memory: GPU plans fit it (None:
     the device's own memory)."""
+    device_class: str | None = None
+    """The GPU to plan cuda/cublas for where the workers' own is not measured (a name in
+    pipeline.plan.device_model.DEVICE_CLASSES; None: a saved device record, else the
+    tilegemm.device-class setting)."""
+    storage_gbps: float | None = None
+    """Each worker's storage read rate in GB/s of array data for the plan's time (None: this
+    host's calibrated local read costs)."""
     gpu_decode: bool = False
     """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
     precision: str = "fp32"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import math
 import textwrap
 from collections.abc import Callable, Iterable, Mapping
 from typing import Annotated, Any, TypedDict, TypeVar, cast
@@ -22,6 +23,7 @@ from kernels.backends import CHOICES, PRECISIONS
 from pipeline.errors import UsageError
 from pipeline.options.declaration import MULTIPLY, PREPARE, Option, Pair, declarations
 from pipeline.options.job_options import JobOptions
+from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import parse_pair
 
@@ -51,6 +53,25 @@ def memory_limit(text: str) -> MemoryLimit | None:
 def device_memory_limit(text: str) -> int | float | None:
     """--device-memory-limit's text: a size or a fraction of the device's memory."""
     return _device_limit(text, "--device-memory-limit")
+
+
+def positive_number(text: str) -> float:
+    """A number above zero from the command line, e.g. 2 or 0.5."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and math.isfinite(value)):
+        raise UsageError(f"{text!r} is not a number above zero, e.g. 2 or 0.5")
+    return value
+
+
+def _positive(value: float | None, flag: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise UsageError(f"{flag} takes a number above zero, e.g. 2 or 0.5; got {value!r}")
+    return float(value)
 
 
 def _dtype(value: DTypeLike | None, flag: str) -> str | None:
@@ -98,6 +119,29 @@ class ProductOptions(TypedDict, total=False):
             metavar="LIMIT",
             parse=device_memory_limit,
             check=_device_limit,
+        ),
+    ]
+    device_class: Annotated[
+        str | None,
+        Option(
+            None,
+            help="plan cuda/cublas for this GPU by its vendor figures where the workers' own is "
+            "not measured: with --dry-run, size a cluster you don't have (default: the GPU "
+            "`doctor` measured and saved here, else the tilegemm.device-class setting); with "
+            "--backend auto it plans for cuda",
+            metavar="NAME",
+            choices=tuple(DEVICE_CLASSES),
+        ),
+    ]
+    storage_gbps: Annotated[
+        float | None,
+        Option(
+            None,
+            help="GB/s of array data each worker reads from storage (a shared file system or an "
+            "object store), for the plan's time (default: this host's calibrated local reads)",
+            metavar="X",
+            parse=positive_number,
+            check=_positive,
         ),
     ]
     gpu_decode: Annotated[
@@ -259,7 +303,8 @@ def checked(given: Mapping[str, object]) -> dict[str, Any]:
     values = {o.name: given.get(o.name, o.default) for o in DECLARED}
     for o in DECLARED:
         value = values[o.name]
-        if o.choices is not None and value not in o.choices:
+        unset = value is None and o.default is None  # an option's default is always taken
+        if o.choices is not None and value not in o.choices and not unset:
             raise UsageError(f"unknown {o.name} {value!r}; choose {', '.join(o.choices)}")
         if o.check is not None:
             values[o.name] = o.check(value, o.flag)

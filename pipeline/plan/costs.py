@@ -78,6 +78,19 @@ class CostModel:
     """When and with what command."""
     probe: HostProbe | None = None
     """The calibration host's quick figures (None: this model is not scaled to other hosts)."""
+    read_rate: float | None = None
+    """A worker's storage read rate given for the plan, in bytes/s of array data (None: the
+    calibrated ``read`` cost, a local file system's)."""
+
+
+def with_read_rate(costs: CostModel, bytes_per_second: float, threads: int) -> CostModel:
+    """``costs`` with a worker's ``threads`` reading at ``bytes_per_second`` in all (a shared
+    file system or an object store): each byte costs a thread ``threads / rate`` seconds,
+    each chunk its calibrated fixed cost."""
+    per_byte = max(threads, 1) / bytes_per_second
+    return replace(
+        costs, read=ChunkCost(costs.read.per_chunk, per_byte), read_rate=bytes_per_second
+    )
 
 
 LIMITS = (0.1, 10.0)

@@ -3,8 +3,10 @@ resource — storage, host decode, host→device copies, the kernel, the output 
 on a plan. The stages overlap in the staged engine, so the busiest resource bounds the run.
 
 The device classes below are planning defaults, not measurements of ours: they come from the
-vendor's figures (NVIDIA's datasheets: H100 PCIe FP32 ≈ 51 TFLOP/s peak, cuBLAS SGEMM ≈ 47, FP64 ≈
-26, ≈ 50 GB/s pinned host→device). A live job replaces them with a calibration on its workers.
+vendor's figures (NVIDIA's datasheets: peak FP32 and FP64 rates without tensor cores, memory;
+pinned host→device copies at about 80 % of the PCIe link: Gen5 ≈ 50 GB/s, Gen4 ≈ 25 GB/s). A
+live job replaces them with a calibration on its workers, a dry run with a device record that
+`doctor` saved.
 """
 
 from __future__ import annotations
@@ -45,20 +47,31 @@ class DeviceModel:
     h2d_bytes_per_second: float
     """Host→device copy rate from pinned memory (device→host taken as the same)."""
     source: str
-    """Where the figures come from: "defaults", "calibrated" or "emulated"."""
+    """Where the figures come from: VENDOR ("defaults"), "calibrated", "saved DATE" (a record
+    `doctor` saved) or "emulated"."""
     decode_bytes_per_second: float = DEVICE_DECODE_BYTES_PER_SECOND
     """Decoded bytes per second of zstd decoding on the device (nvCOMP)."""
     decodes_chunks: bool = False
     """--gpu-decode: the inputs' zstd chunks are copied compressed and decoded here."""
+    host_cores: int | None = None
+    """CPU cores per GPU in the servers this class usually ships in (the vendor's reference
+    designs): the host threads decoding panels in a plan for a cluster not at hand."""
 
     def flops(self, dtype: str) -> float:
         return self.float64_flops if np.dtype(dtype).itemsize >= 8 else self.float32_flops
 
 
+GiB = 2**30
+VENDOR = "defaults"
+"""A DeviceModel's ``source`` when its figures are the vendor's (its share of the peak assumed)."""
 DEVICE_CLASSES = {
-    "h100-pcie": DeviceModel("H100-PCIe", 80 * 2**30, 51e12, 26e12, 50e9, "defaults"),
-    "a100-40gb": DeviceModel("A100-40GB", 40 * 2**30, 19.5e12, 9.7e12, 25e9, "defaults"),
-    "l4": DeviceModel("L4", 24 * 2**30, 30e12, 0.5e12, 25e9, "defaults"),
+    "h100-sxm": DeviceModel("H100-SXM", 80 * GiB, 67e12, 34e12, 50e9, VENDOR, host_cores=14),
+    "h100-pcie": DeviceModel("H100-PCIe", 80 * GiB, 51e12, 26e12, 50e9, VENDOR, host_cores=8),
+    "h200": DeviceModel("H200-SXM", 141 * GiB, 67e12, 34e12, 50e9, VENDOR, host_cores=14),
+    "a100-80gb": DeviceModel("A100-80GB", 80 * GiB, 19.5e12, 9.7e12, 25e9, VENDOR, host_cores=16),
+    "a100-40gb": DeviceModel("A100-40GB", 40 * GiB, 19.5e12, 9.7e12, 25e9, VENDOR, host_cores=16),
+    "l40s": DeviceModel("L40S", 48 * GiB, 91.6e12, 1.4e12, 25e9, VENDOR, host_cores=8),
+    "l4": DeviceModel("L4", 24 * GiB, 30e12, 0.5e12, 25e9, VENDOR, host_cores=4),
 }
 """Named device classes for plans made with no device at hand (--dry-run)."""
 

@@ -88,6 +88,7 @@ def with_device(
         resource_seconds=tuple(seconds.items()),
         modelled_seconds=makespan(seconds, fill),
         decode_threads=decode_threads,
+        flops_fraction=flops_fraction,
     )
 
 

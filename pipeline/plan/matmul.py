@@ -62,6 +62,9 @@ class MatmulPlan:
     """A GPU plan's modelled makespan, in seconds (None: the CPU model)."""
     decode_threads: int = 1
     """A GPU plan's host threads per worker decoding panels ahead of the device."""
+    flops_fraction: float = 1.0
+    """A GPU plan's share of the device's rate its backend is taken to reach (1: the rates
+    are the backend's own, calibrated or emulated)."""
     transposed: tuple[bool, bool] = (False, False)
     """A and B are read transposed (``a`` and ``b`` are then the specs of op(A) and op(B))."""
     symmetric: bool = False

@@ -16,7 +16,7 @@ from kernels.constants import CPU_GEMM_BLOCK
 from pipeline.errors import InputError, MemoryBudgetError, PlanLimitError, UsageError
 from pipeline.plan.candidate import BasePlan
 from pipeline.plan.costs import CostModel
-from pipeline.plan.device_model import DeviceModel
+from pipeline.plan.device_model import VENDOR, DeviceModel
 from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.gpu_candidate import fits
 from pipeline.plan.layout import output_spec
@@ -154,7 +154,7 @@ def _check_workers(workers: int, threads_per_worker: int) -> None:
 def _flops_fraction(device: DeviceModel | None, backend_fraction: float | None) -> float:
     """The share of the device's rate a plan counts on: calibrated and emulated figures are
     the backend's own rates; a device class's defaults are peaks."""
-    if device is not None and device.source != "defaults":
+    if device is not None and device.source != VENDOR:
         return 1.0
     return backend_fraction or 1.0
 
