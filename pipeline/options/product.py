@@ -55,22 +55,29 @@ def device_memory_limit(text: str) -> int | float | None:
     return _device_limit(text, "--device-memory-limit")
 
 
-def positive_number(text: str) -> float:
-    """A number above zero from the command line, e.g. 2 or 0.5."""
+MAX_GBPS = 1e6
+"""The most GB/s a storage rate may be (a petabyte a second: anything more is a typo)."""
+
+
+def gigabytes_per_second(text: str) -> float:
+    """A rate in GB/s from the command line, above zero, e.g. 2 or 0.5."""
     try:
         value = float(text)
     except ValueError:
-        value = float("nan")
-    if not (value > 0 and math.isfinite(value)):
-        raise UsageError(f"{text!r} is not a number above zero, e.g. 2 or 0.5")
+        value = math.nan
+    if not 0 < value <= MAX_GBPS:
+        raise UsageError(f"{text!r} is not a rate in GB/s above zero and at most {MAX_GBPS:g}")
     return value
 
 
-def _positive(value: float | None, flag: str) -> float | None:
+def _gbps(value: float | None, flag: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise UsageError(f"{flag} takes a number above zero, e.g. 2 or 0.5; got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= MAX_GBPS:
+        raise UsageError(
+            f"{flag} takes a rate in GB/s above zero and at most {MAX_GBPS:g}, e.g. 2 or 0.5; "
+            f"got {value!r}"
+        )
     return float(value)
 
 
@@ -140,8 +147,8 @@ class ProductOptions(TypedDict, total=False):
             help="GB/s of array data each worker reads from storage (a shared file system or an "
             "object store), for the plan's time (default: this host's calibrated local reads)",
             metavar="X",
-            parse=positive_number,
-            check=_positive,
+            parse=gigabytes_per_second,
+            check=_gbps,
         ),
     ]
     gpu_decode: Annotated[

@@ -116,10 +116,10 @@ def test_storage_rate_sets_the_storage_term(tmp_path: Path) -> None:
     assert line(str(plans[0.05]), "storage") == "0.05 GB/s per worker (--storage-gbps)"
 
 
-@pytest.mark.parametrize("given", [0, -1, float("nan"), "fast", True])
+@pytest.mark.parametrize("given", [0, -1, float("nan"), float("inf"), 1e308, "fast", True])
 def test_storage_rate_must_be_a_number_above_zero(tmp_path: Path, given: object) -> None:
     a, b = small(tmp_path)
-    with pytest.raises(UsageError, match="--storage-gbps takes a number above zero"):
+    with pytest.raises(UsageError, match="--storage-gbps takes a rate in GB/s above zero"):
         pipeline.prepare(a, b, tmp_path / "c.zarr", storage_gbps=given)  # type: ignore[arg-type]
 
 
@@ -128,8 +128,9 @@ def test_cli_refuses_a_bad_class_or_rate(tmp_path: Path) -> None:
     out = str(tmp_path / "c.zarr")
     for flags, said in (
         (["--device-class", "h300"], "invalid choice: 'h300'"),
-        (["--storage-gbps", "0"], "'0' is not a number above zero"),
-        (["--storage-gbps", "x"], "'x' is not a number above zero"),
+        (["--storage-gbps", "0"], "'0' is not a rate in GB/s above zero and at most 1e+06"),
+        (["--storage-gbps", "x"], "'x' is not a rate in GB/s above zero"),
+        (["--storage-gbps", "1e308"], "'1e308' is not a rate in GB/s above zero"),
     ):
         done = run_cli("multiply", a, b, out, "--dry-run", *flags)
         assert done.returncode == 2 and said in done.stderr, done.stderr
