@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-model calibrate bench-gpu bench-feed fuzz clean
+.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-model calibrate bench-gpu bench-feed gpu-session fuzz clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -91,6 +91,14 @@ bench-gpu: venv
 	$(PY) -m pipeline random $(FEED_DATA)/feed-b.zarr --shape 8192x8192 --chunks 2048x2048 --seed 2 --overwrite
 	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --real
 	$(PY) -m benchmarks.gpu_kernels
+
+# A GPU machine's first-contact table in one command, under 8 minutes: summary.md and logs in
+# GPU_OUT (benchmarks/gpu_session.py). No venv is built: without one, python3 with the carried
+# wheels on PYTHONPATH (README.md, "On a GPU machine without a package index").
+GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)
+GPU_OUT ?= gpu-results
+gpu-session:
+	$(GPU_PY) -m benchmarks.gpu_session --out $(GPU_OUT)
 
 # Hostile-tree fuzzing (tests/pipeline/fuzz_tree.py): random seeds for FUZZ_MINUTES, each a
 # sandbox of links, FIFOs, devices, sparse files and look-alike names under random CLI commands;

@@ -38,7 +38,7 @@ BAD = [
     ("max-tasks", "many", "integer >= 1"),  # not a number
     ("gpu-overlap", "maybe", "true or false"),  # not a flag
     ("host-probe", "sometimes", "true or false"),  # not a flag
-    ("device-class", "h200x", "h100-sxm, h100-pcie, h200, a100-80gb, a100-40gb, l40s or l4"),  # no such class
+    ("device-class", "h200x", "h100-pcie, h200, a100-80gb, a100-40gb, l40s or l4"),  # no such
     ("emulated.tflops", 0, "> 0"),  # a device that never finishes
     ("emulated.tflops", True, "> 0"),  # a flag is not a rate
     ("emulated.h2d-gbps", -5, "> 0"),  # negative rate
