@@ -63,8 +63,10 @@ def test_exhausted_budget_blocks_until_a_release() -> None:
         target=lambda: (pool.acquire_group([ONE_PAGE]).release(), got.append(time.perf_counter()))
     )
     waiter.start()
-    time.sleep(0.1)
-    assert not got, "acquired beyond the budget"
+    deadline = time.monotonic() + 30  # until the thread waits (or wrongly got a buffer)
+    while pool.stats().waits < 2 and not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pool.stats().waits == 2 and not got, "acquired beyond the budget"
     released = time.perf_counter()
     held.release()
     waiter.join(timeout=5)

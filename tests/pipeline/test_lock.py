@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -214,8 +215,10 @@ def test_held_lock_notices_removal_and_replacement(tmp_path: Path) -> None:
 
 def test_unwritable_out_location_is_exit_2_before_any_cluster(tmp_path: Path) -> None:
     if os.geteuid() == 0:
-        # root writes anywhere: a read-only file system stands in (/proc takes no new folders)
-        where = "/proc/tilegemm-out.zarr"
+        # root writes anywhere: a file where OUT's parent folder should be stands in (/proc
+        # would be refused first for its 0 B free)
+        (tmp_path / "file").write_bytes(b"")
+        where = str(tmp_path / "file" / "c.zarr")
     else:
         ro = tmp_path / "ro"
         ro.mkdir()
@@ -241,10 +244,18 @@ RACE = textwrap.dedent(
         print("refused", type(e).__name__, e, flush=True)
         sys.exit(3)
     print("holding", flush=True)
-    time.sleep(1.0)
+    sys.stdin.readline()  # until every racer has answered: a late one finds it held
     held.release()
     """
 )
+
+
+def first_line(process: subprocess.Popen[str], deadline: float) -> str:
+    """The first line the process printed, waiting until ``deadline`` (time.monotonic())."""
+    assert process.stdout is not None
+    if select.select([process.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        return process.stdout.readline().strip()
+    return "no answer"
 
 
 def test_jobs_racing_on_a_store_without_conditional_writes(tmp_path: Path) -> None:
@@ -258,10 +269,13 @@ def test_jobs_racing_on_a_store_without_conditional_writes(tmp_path: Path) -> No
         start = str(time.time() + 2.0)  # past every interpreter's start-up
         procs = [
             subprocess.Popen([sys.executable, "-c", RACE, f"racy://{out}", start],
-                             stdout=subprocess.PIPE, text=True, env=env)
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
             for _ in range(3)
         ]  # fmt: skip
-        said = [p.communicate(timeout=60)[0].strip() for p in procs]
+        deadline = time.monotonic() + 60
+        said = [first_line(p, deadline) for p in procs]
+        for p in procs:  # the holder releases now; the others have ended
+            p.communicate("\n", timeout=60)
         assert sorted(s.split(" OUT ")[0] for s in said) == [
             "holding",
             "refused UnsafeOutputError",

@@ -8,6 +8,7 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -15,19 +16,29 @@ import pytest
 from distributed import Client, LocalCluster
 
 from pipeline.plan.units import format_bytes
+from pipeline.run import progress
 from pipeline.run.progress import ProgressLine
 from tests.helpers import cpu_tile_task, random_matrix, write_array
 
 
-def test_eta_from_estimate_then_from_rate() -> None:
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The progress line's clock, moved by the test alone (a busy machine's delays would
+    change the rates): [seconds]."""
+    now = [1000.0]
+    monkeypatch.setattr(progress, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    return now
+
+
+def test_eta_from_estimate_then_from_rate(clock: list[float]) -> None:
     stream = io.StringIO()
     line = ProgressLine(4, 4 * 10**9, enabled=True, stream=stream, estimate=120.0)
-    assert re.search(r"tiles 0/4 .* ETA 0[12]:\d\d$", line.text())  # about 2 minutes
-    line.started -= 10  # ten seconds later one tile of four is done
+    assert re.search(r"tiles 0/4 .* ETA 02:00$", line.text())  # the estimate: 2 minutes
+    clock[0] += 10  # ten seconds later one tile of four is done
     line.add(10**9, 2**20)
     text = line.text()
     assert "tiles 1/4" in text and "read 1.0 MiB" in text
-    assert re.search(r"ETA 00:[23]\d$", text), text  # 3 more tiles at 10 s each
+    assert re.search(r"ETA 00:30$", text), text  # 3 more tiles at 10 s each
     line.draw()
     line.close()
     assert stream.getvalue().startswith("\r") and stream.getvalue().endswith("\n")
@@ -45,11 +56,11 @@ def event(tile: tuple[int, int], k0: int, panels: int, flops: int, nbytes: int) 
     return {"tile": list(tile), "k0": k0, "panels": panels, "flops": flops, "bytes": nbytes}
 
 
-def test_moves_within_a_tile() -> None:
+def test_moves_within_a_tile(clock: list[float]) -> None:
     """Panel events move the line before any tile is written; a written tile's own stats
     replace its tasks' running totals, and a late event of a written tile is ignored."""
     line = ProgressLine(2, 8 * 10**9, enabled=False, panels=8)
-    line.started -= 10
+    clock[0] += 10
     assert "tiles 0/2 | panels 0/8 | 0.0 GFLOP/s" in line.text()
     line.task_progress(event((0, 0), 0, 1, 10**9, 100))
     line.task_progress(event((0, 0), 0, 2, 2 * 10**9, 200))  # running totals, not increments
