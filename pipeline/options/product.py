@@ -136,7 +136,6 @@ class ProductOptions(TypedDict, total=False):
             "not measured: with --dry-run, size a cluster you don't have (default: the GPU "
             "`doctor` measured and saved here, else the tilegemm.device-class setting); with "
             "--backend auto it plans for cuda",
-            metavar="NAME",
             choices=tuple(DEVICE_CLASSES),
         ),
     ]
