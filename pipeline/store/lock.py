@@ -113,13 +113,21 @@ def acquire(url: str, storage_options: dict[str, Any]) -> HeldLock:
 
 
 def read_lock(url: str, storage_options: dict[str, Any] | None) -> dict[str, Any] | None:
-    try:
-        holder = read_json(url, LOCK_NAME, storage_options)
-    except (OSError, ValueError):
-        return {"pid": None, "host": "unknown", "started": 0}
-    if holder is None or isinstance(holder, dict):
-        return holder
-    return {"pid": None, "host": "unknown"}
+    """OUT's lock record, None when there is none. On a store without atomic writes a record
+    being written reads torn (empty, cut short): it is read again, for up to NAMING_SECONDS,
+    before it is taken as naming no one."""
+    deadline = time.monotonic() + NAMING_SECONDS
+    while True:
+        try:
+            found = read_json(url, LOCK_NAME, storage_options)
+        except (OSError, ValueError):
+            found = {"pid": None, "host": "unknown", "started": 0}
+        holder: dict[str, Any] | None = (
+            found if found is None or isinstance(found, dict) else {"pid": None, "host": "unknown"}
+        )
+        if holder is None or holder.get("pid") is not None or time.monotonic() >= deadline:
+            return holder
+        time.sleep(0.05)
 
 
 def _acquire_local(url: str, mine: dict[str, Any]) -> HeldLock:

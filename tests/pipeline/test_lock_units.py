@@ -517,3 +517,24 @@ def test_object_store_that_refuses_the_write_is_a_usage_error(
         f"OUT ({keyed(out)}) cannot be written here ({os.strerror(errno.EACCES)}); choose a "
         "location you can write to"
     )
+
+
+def test_a_lock_record_read_as_it_is_written_is_read_again(tmp_path: Path) -> None:
+    """A store without atomic writes shows a record being written torn (here: empty, then
+    whole 0.2 s later): the reader waits for the name instead of naming no one."""
+    import threading
+
+    out = tmp_path / "c.zarr"
+    out.mkdir()
+    (out / lock.LOCK_NAME).write_text("")
+    record = {"pid": 4242, "host": "elsewhere", "started": 1.0, "token": "t"}
+    writer = threading.Timer(0.2, (out / lock.LOCK_NAME).write_text, [json.dumps(record)])
+    writer.start()
+    try:
+        assert lock.read_lock(str(out), None) == record
+    finally:
+        writer.join()
+    (out / lock.LOCK_NAME).write_text("{")  # torn for good: named no one, after the wait
+    started = time.monotonic()
+    assert lock.read_lock(str(out), None) == {"pid": None, "host": "unknown", "started": 0}
+    assert time.monotonic() - started >= lock.NAMING_SECONDS
