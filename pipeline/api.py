@@ -20,12 +20,7 @@ from kernels.backends import AUTO, get_backend, staged_backends
 from pipeline import settings
 from pipeline.accumulate import flags as accumulation
 from pipeline.errors import UnsafeOutputError, UsageError
-from pipeline.facts.job_plan import (
-    backend_times,
-    check_job_precision,
-    plan_for,
-    planning_backend,
-)
+from pipeline.facts.job_plan import check_job_precision, plan_for, planning_backend
 from pipeline.job import MatmulJob
 from pipeline.options.declaration import MULTIPLY, PREPARE
 from pipeline.options.job_options import JobOptions, MultiplyResult
@@ -140,11 +135,10 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
     t, sym = store.transposed, store.symmetric
     plan = plan_for(a_spec, b_spec, options, state, None, backend, transposed=t, symmetric=sym)
     check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
-    times = backend_times(a_spec, b_spec, options, state, None, plan, transposed=t, symmetric=sym)
     dims = dimension_names(*(_names(x, t) for x, t in zip(arrays, store.transposed, strict=True)))
     digest = metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
-    return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings, times)
+    return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)
 
 
 @takes_options(MULTIPLY)

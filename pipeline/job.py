@@ -86,8 +86,8 @@ class MatmulJob:
     """OUT's dimension names (A's rows, B's columns), for xarray."""
     key_encodings: tuple[tuple[str, str], tuple[str, str]] = (("default", "/"),) * 2
     """A's and B's chunk key encodings (name, separator): --resume maps changed keys to tiles."""
-    backend_times: tuple[tuple[str, float], ...] = ()
-    """Each GPU backend's modelled seconds, when the plan rests on a device's vendor figures."""
+    live: dict[str, Any] | None = None
+    """describe_workers() of the cluster the plan was made for (None: planned before one)."""
 
     @property
     def output(self) -> Output:
@@ -99,9 +99,17 @@ class MatmulJob:
         lines: tuple[tuple[str, str], ...] = ()
         if room := self.room():
             lines += ((self._out_name, describe_room(room)),)
-        if backends := format_backends(self.backend_times, self.plan):
+        if backends := format_backends(self.backend_times(), self.plan):
             lines += (("backends", backends),)
         return format_plan(self.plan, lines)
+
+    def backend_times(self) -> tuple[tuple[str, float], ...]:
+        """Each GPU backend's modelled seconds on the same workers, when the plan rests on a
+        device's vendor figures (pipeline.facts.job_plan.backend_times)."""
+        return backend_times(
+            self.a, self.b, self.options, self.state, self.live, self.plan,
+            transposed=self.store.transposed, symmetric=self.store.symmetric,
+        )  # fmt: skip
 
     @property
     def _out_name(self) -> str:
@@ -126,11 +134,11 @@ class MatmulJob:
         live = describe_workers(client)
         if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
             live["device"] = calibrated_device(client, self.plan.compute_dtype)
-        job = (self.a, self.b, self.options, self.state, live)
-        t, sym = self.store.transposed, self.store.symmetric
-        plan = plan_for(*job, chosen, transposed=t, symmetric=sym)
-        times = backend_times(*job, plan, transposed=t, symmetric=sym)
-        return replace(self, plan=plan, backend_times=times)
+        plan = plan_for(
+            self.a, self.b, self.options, self.state, live, chosen,
+            transposed=self.store.transposed, symmetric=self.store.symmetric,
+        )  # fmt: skip
+        return replace(self, plan=plan, live=live)
 
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed).

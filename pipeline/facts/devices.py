@@ -62,11 +62,8 @@ def saved_device() -> DeviceModel | None:
         return None
     record = max(fresh, key=lambda r: str(r.get("date", "")))
     figures, key = record["figures"], record["key"]
-    ratio = DEVICE_CLASSES[settings.get("device-class")]
-    f64_per_f32 = ratio.float64_flops / ratio.float32_flops
     try:
-        f32 = float(figures.get("float32_flops") or figures["float64_flops"] / f64_per_f32)
-        f64 = float(figures.get("float64_flops") or f32 * f64_per_f32)
+        f32, f64 = (float(x) for x in _rates(figures))
         h2d, memory = float(figures["h2d_bytes_per_second"]), int(key["memory_bytes"])
     except (KeyError, TypeError, ValueError):  # a record written by hand, or damaged
         return None
@@ -80,6 +77,15 @@ def saved_device() -> DeviceModel | None:
         h2d_bytes_per_second=h2d,
         source=f"saved {record.get('date', '')}".strip(),
     )
+
+
+def _rates(figures: dict[str, Any]) -> tuple[Any, Any]:
+    """A device's float32 and float64 rates from its figures; one not measured follows the
+    configured device class's float64/float32 ratio."""
+    ratio = DEVICE_CLASSES[settings.get("device-class")]
+    f64_per_f32 = ratio.float64_flops / ratio.float32_flops
+    f32 = figures.get("float32_flops") or figures["float64_flops"] / f64_per_f32
+    return f32, figures.get("float64_flops") or figures["float32_flops"] * f64_per_f32
 
 
 def _rated(figures: object) -> bool:
@@ -114,18 +120,13 @@ def calibrated_device(client: Client, dtype: str = "float32") -> DeviceModel | N
     figures = [f for f in client.run(_figures_off_the_loop, dtype).values() if f]
     if not figures:
         return None
-    ratio = DEVICE_CLASSES[settings.get("device-class")]
-    f64_per_f32 = ratio.float64_flops / ratio.float32_flops
-    rates = {
-        "float32": [f.get("float32_flops") or f["float64_flops"] / f64_per_f32 for f in figures],
-        "float64": [f.get("float64_flops") or f["float32_flops"] * f64_per_f32 for f in figures],
-    }
+    f32, f64 = zip(*(_rates(f) for f in figures), strict=True)
     sources = sorted({str(f.get("source", "calibrated")) for f in figures})
     return DeviceModel(
         name=str(figures[0]["name"]),
         memory_bytes=int(min(f["memory_bytes"] for f in figures)),
-        float32_flops=min(rates["float32"]),
-        float64_flops=min(rates["float64"]),
+        float32_flops=min(f32),
+        float64_flops=min(f64),
         h2d_bytes_per_second=min(f["h2d_bytes_per_second"] for f in figures),
         source=" and ".join(sources),
     )
