@@ -28,7 +28,7 @@ from pipeline.options.product import PrepareOptions, ProductOptions, carried, ch
 from pipeline.plan.layout import dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
-from pipeline.store import inputs
+from pipeline.store import coordinates, inputs
 from pipeline.store.chunks.raw import device_decodable
 from pipeline.store.fs import absolute, check_protocol, refuse_linked, resolve_url
 from pipeline.store.locate import locate, merge_options
@@ -76,7 +76,7 @@ def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> Matm
     if symmetric:
         check_gram(urls, transposed)
     store = StoreSpec(*urls, storage, transposed, symmetric)
-    return _validated(store, job_options, out)
+    return _validated(store, job_options, out, values["ignore_coordinates"])
 
 
 def _check_gpu_decode_backend(gpu_decode: bool, backend: str) -> None:
@@ -105,7 +105,9 @@ def _locate(
     return (absolute(a), absolute(b), resolve_url(out, "OUT")), options
 
 
-def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> MatmulJob:
+def _validated(
+    store: StoreSpec, options: JobOptions, out_given: object, ignore_coordinates: bool = False
+) -> MatmulJob:
     """Open the inputs read-only, refuse bad input and plan (no cluster, nothing written)."""
     names = (
         (("X", store.a_url),) * 2 if store.symmetric else (("A", store.a_url), ("B", store.b_url))
@@ -121,6 +123,10 @@ def _validated(store: StoreSpec, options: JobOptions, out_given: object) -> Matm
         inputs.array_spec(x, name) for x, (name, _) in zip(arrays, names, strict=True)
     )
     a_spec, b_spec = operands(a_spec, b_spec, store.transposed)  # the planner sees op(A), op(B)
+    if not (store.symmetric or ignore_coordinates):
+        coordinates.check_contracted(
+            arrays, (store.a_url, store.b_url), store.transposed, store.storage_options
+        )
     output = Output(store.out_url, store.storage_options)
     output.check_path([store.a_url, store.b_url])
     state: dict[str, Any] | None

@@ -65,6 +65,7 @@ def write_random(
             **options,
         )
         _fill(array, shape, chunks, dt, seed)
+        output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
     return array
 
 

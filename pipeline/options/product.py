@@ -213,6 +213,15 @@ class ProductOptions(TypedDict, total=False):
             commands=(MULTIPLY,),
         ),
     ]
+    ignore_coordinates: Annotated[
+        bool,
+        Option(
+            False,
+            help="contract op(A) and op(B) even where the coordinate arrays beside them (xarray's) "
+            "differ along the shared dimension (default: refused, naming the first difference)",
+            commands=(MULTIPLY,),
+        ),
+    ]
     overwrite: Annotated[
         bool, Option(False, help="replace an OUT this tool wrote", excludes="resume")
     ]

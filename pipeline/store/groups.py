@@ -14,6 +14,7 @@ import zarr
 
 from pipeline.store.chunks.input_store import InputStore
 from pipeline.store.direct import OutStore
+from pipeline.store.door import Door
 from pipeline.store.fs import fsspec_options, local_path
 
 
@@ -69,6 +70,44 @@ def refresh_consolidated(url: str, storage_options: dict[str, Any]) -> list[str]
             zarr.consolidate_metadata(group.store, path=group.path)
         done.append(info.url)
     return done
+
+
+NEW_GROUP = (
+    b'{"zarr_format": 3, "node_type": "group", "attributes": {}, "consolidated_metadata": '
+    b'{"kind": "inline", "must_understand": false, "metadata": {}}}'
+)
+"""A group with consolidated metadata (refreshed once OUT is complete), which is what xarray's
+``open_zarr`` reads first."""
+
+
+class NewGroup:
+    """The group document a claim wrote into OUT's parent folder, which it made."""
+
+    def __init__(self, folder: str) -> None:
+        self.door = Door(folder, "OUT's group")
+        self.fd = self.door.create("zarr.json", NEW_GROUP)
+
+    def close(self) -> None:
+        """Remove the document again while the group holds nothing else (OUT's folder gone:
+        the job left it empty) and it is still the one written here."""
+        try:
+            if {entry.path for entry in self.door.walk()} == {"zarr.json"}:
+                self.door.remove_if_same("zarr.json", self.fd)
+        finally:
+            os.close(self.fd)
+
+
+def new_group(url: str, made: list[str]) -> NewGroup | None:
+    """Where a claim made OUT's parent folder (``res.zarr`` of ``res.zarr/C``), the folder
+    becomes a Zarr group: xarray opens groups, not arrays, so ``xr.open_zarr("res.zarr")``
+    then holds OUT. None where the parent was there already (or is not local)."""
+    local = local_path(url)
+    if local is None or os.path.dirname(os.path.abspath(local)) not in made:
+        return None
+    try:
+        return NewGroup(os.path.dirname(os.path.abspath(local)))
+    except FileExistsError:
+        return None  # someone else's document, written meanwhile
 
 
 @contextlib.contextmanager

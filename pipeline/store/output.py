@@ -143,6 +143,7 @@ class Output:
         A folder this claim created is removed again if the job leaves it empty.
         ``current``: OUT's state for --accumulate (anyone's C, whose other files stay)."""
         created = self._make_folder()
+        group = groups.new_group(self.url, created)
         try:
             with lock.hold_lock(self.url, self.storage_options) as held:
                 held.pin_folder()  # every later step here reaches this very folder
@@ -167,8 +168,12 @@ class Output:
                     self._check_nothing_foreign("--resume" if resume else "--overwrite")
                 yield held, now
         finally:
-            # Folders this claim made (OUT's, its missing parents): removed while empty.
-            door.remove_empty_folders(created)
+            # Folders this claim made (OUT's, its missing parents): removed while empty,
+            # OUT's first, then the group document it made, then the rest.
+            door.remove_empty_folders(created[-1:])
+            if group is not None:
+                group.close()
+            door.remove_empty_folders(created[:-1])
 
     def _make_folder(self) -> list[str]:
         """Create a local OUT's folder (and missing parents) exclusively: the folders made."""
