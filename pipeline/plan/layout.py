@@ -109,11 +109,13 @@ DEFAULT_DIMENSIONS = ("i", "j")
 
 
 def dimension_names(
-    a_names: tuple[str | None, str | None], b_names: tuple[str | None, str | None]
+    a_names: tuple[str | None, str | None],
+    b_names: tuple[str | None, str | None],
+    unnamed: tuple[str, str] = DEFAULT_DIMENSIONS,
 ) -> tuple[str, str]:
-    """OUT's dimension names: A's first and B's second (defaults where unnamed); when they
+    """OUT's dimension names: A's first and B's second (``unnamed`` where unnamed); when they
     are the same name (A is x-by-y and B y-by-x), the second gets a suffix: xarray needs
     distinct names."""
-    row = a_names[0] or DEFAULT_DIMENSIONS[0]
-    col = b_names[1] or DEFAULT_DIMENSIONS[1]
+    row = a_names[0] or unnamed[0]
+    col = b_names[1] or unnamed[1]
     return (row, f"{col}_2" if col == row else col)

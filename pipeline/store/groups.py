@@ -48,6 +48,15 @@ def _open_group(url: str, storage_options: dict[str, Any]) -> Any:
     return zarr.open_group(url, mode="r", storage_options=fsspec_options(url, storage_options))
 
 
+def in_group(url: str, storage_options: dict[str, Any]) -> bool:
+    """OUT goes into a Zarr group: one there already, or a local folder a job will make (and
+    write as a group: ``new_group``)."""
+    local = local_path(url)
+    if local is not None and not os.path.lexists(os.path.dirname(os.path.abspath(local))):
+        return True
+    return bool(enclosing_groups(url, storage_options))
+
+
 def output_format(url: str, storage_options: dict[str, Any]) -> int:
     """2 when OUT goes into a Zarr v2 group (a v3 array there is invisible to it), else 3."""
     groups = enclosing_groups(url, storage_options)
