@@ -8,9 +8,11 @@ import warnings
 from pathlib import Path
 
 import anndata as ad
+import dask.array
 import numpy as np
 import pytest
 import xarray as xr
+import zarr
 from distributed import Client
 
 import pipeline
@@ -122,3 +124,16 @@ def test_anndata_store_with_the_cli_and_the_api(
     back.to_netcdf(tmp_path / "res.nc")
     with xr.open_dataset(tmp_path / "res.nc") as nc:
         np.testing.assert_array_equal(nc["cells"].values, back["cells"].values)
+
+
+def test_a_standalone_out_opens_as_the_readme_says(
+    tmp_path: Path, climate: tuple[str, xr.Dataset]
+) -> None:
+    store, ds = climate
+    out = str(tmp_path / "c.zarr")
+    done = run_cli("multiply", f"{store}/tas", f"{store}/pr", out, "--transpose-a")
+    assert done.returncode == 0, done.stderr
+    names = zarr.open_array(out).metadata.dimension_names
+    c = xr.DataArray(dask.array.from_zarr(out), dims=names)
+    assert c.dims == ("lat", "lon")
+    assert_product(c.values, ds.tas.values.T, ds.pr.values)
