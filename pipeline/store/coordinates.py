@@ -77,7 +77,10 @@ def _coordinate(
 
 def sibling(url: str, name: str) -> str | None:
     """The URL of ``name`` in the group holding ``url`` (``ds.zarr/X`` -> ``ds.zarr/time``;
-    fsspec's chained ``zip://ds/X::/d.zip`` -> ``zip://ds/time::/d.zip``); None at a root."""
+    fsspec's chained ``zip://ds/X::/d.zip`` -> ``zip://ds/time::/d.zip``); None at a root,
+    or where the name (from the operand's metadata: anyone's) is not one array's name."""
+    if not name or name in (".", "..") or any(c in name for c in "/\\:\0"):
+        return None
     if "::" in url:
         head, tail = url.split("::", 1)
         protocol, inner = head.split("://", 1)

@@ -143,6 +143,11 @@ def test_sibling(url: str, expected: str | None) -> None:
     assert sibling(url, "time") == expected
 
 
+@pytest.mark.parametrize("name", ["", ".", "..", "../x", "/etc/passwd", "a/b", "s3:x", "a\\b"])
+def test_a_dimension_name_that_is_a_path_names_no_sibling(name: str) -> None:
+    assert sibling("/d/ds.zarr/X", name) is None
+
+
 def test_out_in_a_new_folder_is_a_group_xarray_opens(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     ds = xr.Dataset(
