@@ -30,7 +30,8 @@ test: venv
 test-slow: venv
 	$(PY) -m pytest -m slow
 
-# On a machine with a CUDA GPU (and CuPy for the cublas tests): real kernels, no simulator.
+# On a machine with a CUDA GPU: real kernels, no simulator. The cublas tests also need CuPy:
+# .venv/bin/pip install -c requirements/constraints.txt -e '.[test,cublas]' first.
 test-gpu: venv
 	TILEGEMM_TEST_GPU=1 $(PY) -m pytest -m gpu
 

@@ -193,9 +193,11 @@ README_MEANINGS = {
     "debug": "tracebacks and debug logs (before or after the command); the exit code stays the "
     "same",
     "backend": "`auto` (default) uses CUDA when every worker sees a real GPU and the dtype is "
-    "float32/float64, else CPU BLAS, and logs which; `cublas` runs the block products with "
-    'cuBLAS through CuPy (`pip install "cupy-cuda13x[ctk]"` on every GPU worker: CuPy 14 ships '
-    "no cuBLAS without the `ctk` extra); `emulated` (only by name) drives a modelled GPU that "
+    "float32/float64, else CPU BLAS, and logs which; `cuda` and `cublas` need the GPU packages "
+    '(`pip install "zarr-tilegemm[cuda]"`; refused naming it without them); `cublas` runs the '
+    'block products with cuBLAS through CuPy (`pip install "zarr-tilegemm[cublas]"` on every GPU '
+    "worker: it brings `cupy-cuda13x[ctk]`, since CuPy 14 ships no cuBLAS without the `ctk` "
+    "extra); `emulated` (only by name) drives a modelled GPU that "
     "does no math — OUT is NaN — to measure how well the host feeds a device (see "
     "`make bench-feed`)",
     "scheduler": "use a running cluster (never shut down); without it a local cluster on "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kernels.constants import CUDA_INSTALL
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m kernels")
@@ -21,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         print(run(args.cc, args.json, args.ptx_dir))
+    except ImportError as err:  # a plain install: numba-cuda and the CUDA wheels are extras
+        print(
+            f"error: {parser.prog} inspect compiles with the CUDA packages ({err}): {CUDA_INSTALL}",
+            file=sys.stderr,
+        )
+        return 2
     except (ValueError, RuntimeError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

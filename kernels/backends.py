@@ -8,6 +8,7 @@ numba and CuPy are loaded only inside the probes and factories.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from typing import Any, Protocol
 
 from numpy.typing import NDArray
 
-from kernels.constants import CPU_GEMM_BLOCK
+from kernels.constants import CPU_GEMM_BLOCK, CUBLAS_INSTALL, CUDA_INSTALL
 from kernels.constants import GPU_DTYPES as GPU_DTYPES
 
 PRECISIONS = ("fp32", "tf32", "3xtf32")
@@ -73,6 +74,12 @@ class BackendSpec:
     it needs no libraries (nvCOMP for --gpu-decode) on the workers."""
     precisions: tuple[str, ...] = ("fp32",)
     """The --precision values it computes (fp32 everywhere; tensor cores where listed)."""
+    packages: tuple[str, ...] = ()
+    """Modules it imports that a plain (CPU) install lacks."""
+    packages_name: str = ""
+    """``packages`` in words, for the error that says they are missing."""
+    install: str = ""
+    """The command that installs ``packages`` (the extra that brings them)."""
 
     def takes(self, dtype: str) -> bool:
         return self.dtypes is None or dtype in self.dtypes
@@ -160,6 +167,9 @@ BACKENDS: dict[str, BackendSpec] = {
             make_device=_numba_device,
             calibrates=True,
             precisions=PRECISIONS,
+            packages=("numba", "numba_cuda"),
+            packages_name="the CUDA packages",
+            install=CUDA_INSTALL,
         ),
         BackendSpec("cpu", None, "cpu", CPU_GEMM_BLOCK, lambda: True, _cpu_accumulator, "", ""),
         BackendSpec(
@@ -169,10 +179,13 @@ BACKENDS: dict[str, BackendSpec] = {
             CPU_GEMM_BLOCK,
             _probe_cublas,
             _cublas_accumulator,
-            'CuPy with cuBLAS (pip install "cupy-cuda13x[ctk]") and a CUDA GPU',
+            f"CuPy with cuBLAS ({CUBLAS_INSTALL}) and a CUDA GPU",
             "install CuPy there, or use --backend cuda, cpu or auto",
             flops_fraction=0.92,  # vendor figure: SGEMM ≈ 47 of 51 TFLOP/s on an H100 PCIe
             precisions=("fp32", "tf32"),  # the handle's TF32 math mode; cuBLAS has no 3xTF32
+            packages=("cupy",),
+            packages_name="CuPy with cuBLAS",
+            install=CUBLAS_INSTALL,
         ),
         BackendSpec(
             "emulated",
@@ -254,21 +267,48 @@ def make_accumulator(
 
 
 def probe_devices(requested: str = AUTO) -> dict[str, bool]:
-    """Runs on a worker: what it can run. "gpu" is a real GPU (not the simulator).
+    """Runs on a worker: what it can run. "gpu" is a real GPU (not the simulator), "seen" a
+    GPU here whether or not it can be used, "NAME installed" backend NAME's packages.
 
     NVML answers "is there a GPU" cheaply; a GPU backend's probe (numba, slow to import, or
-    CuPy) runs only when a GPU is there or that backend was asked for by name, so a CPU job
-    never imports them.
+    CuPy) runs only when a GPU is there or that backend was asked for by name, and its
+    packages are installed, so a CPU job never imports them.
     """
     simulator = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
     real_gpu = _nvml_gpus() > 0 and not simulator
-    found = {"simulator": simulator}
+    # NVML's Python package comes with the cuda extra; without it, the driver lists the GPUs.
+    seen = real_gpu or (not simulator and driver_gpus() > 0 and not importable("pynvml"))
+    found = {"simulator": simulator, "seen": seen}
     for spec in BACKENDS.values():
         software = spec.device == "cpu" or spec.explicit_only  # cheap: nothing to look for
-        if software or spec.name == requested or (real_gpu and spec.name == "cuda"):
-            found[spec.name] = spec.probe()
+        if software or spec.name == requested or (seen and spec.name == AUTO_GPU):
+            installed = not missing_packages(spec.name)
+            found[spec.name] = installed and spec.probe()
+            if spec.packages:
+                found[f"{spec.name} installed"] = installed
     found["gpu"] = found.get("cuda", False) and not simulator
     return found
+
+
+def missing_packages(backend: str) -> tuple[str, ...]:
+    """The modules of ``backend`` that cannot be imported here, found without importing them
+    (numba takes seconds to import)."""
+    return tuple(name for name in get_backend(backend).packages if not importable(name))
+
+
+def importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a broken or half-removed package
+        return False
+
+
+def driver_gpus() -> int:
+    """GPUs the NVIDIA driver lists, for when NVML's Python package is not installed."""
+    try:
+        return len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
 
 
 def _nvml_gpus() -> int:

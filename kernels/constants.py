@@ -15,6 +15,13 @@ measured (no GPU here). nvCOMP decodes a frame with one thread block, and one za
 one frame (a frame cannot be split undecoded), so a batch of F frames decodes at most F times
 as fast as one frame; one frame is taken as about one CPU core's zstd."""
 
+CUDA_INSTALL = 'pip install "zarr-tilegemm[cuda]"'
+"""What installs the GPU backends' packages (numba-cuda with its CUDA wheels, dask-cuda): a
+plain install runs on the CPU only."""
+CUBLAS_INSTALL = 'pip install "zarr-tilegemm[cublas]"'
+"""What installs the cuda extra and CuPy with cuBLAS (cupy-cuda13x[ctk]: CuPy 14 ships no
+cuBLAS without the ctk extra)."""
+
 
 def device_decode_rate(peak_bytes_per_second: float, frames: float) -> float:
     """Decoded bytes/s of a batch of ``frames`` zstd frames on the GPU: ``frames`` thread

@@ -1,14 +1,18 @@
-"""``python -m pipeline``: the command line (pipeline.cli.main), loaded only when run."""
+"""``python -m pipeline`` and the ``tilegemm`` command: the command line (pipeline.cli.main),
+loaded only when run."""
 
 import logging
 import os
 import sys
+from typing import NoReturn
 
 QUIET_CHILD_WARNINGS = "ignore::UserWarning:multiprocessing.resource_tracker"
 """Worker processes stopped while busy (Ctrl-C) leave semaphores behind, which multiprocessing's
 resource tracker removes with a warning of its own on our stderr: nothing for the user to do."""
 
-if __name__ == "__main__":
+
+def run() -> NoReturn:
+    """Run the command line on ``sys.argv`` and exit with its code."""
     try:
         from pipeline.cli.main import main
     except KeyboardInterrupt:
@@ -25,3 +29,7 @@ if __name__ == "__main__":
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+if __name__ == "__main__":
+    run()

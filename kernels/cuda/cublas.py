@@ -15,11 +15,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from kernels.constants import GPU_DTYPES, MAX_DIM
+from kernels.constants import CUBLAS_INSTALL, GPU_DTYPES, MAX_DIM
 from kernels.panels import band_rows, check_panels
 
-CUPY_INSTALL = 'pip install "cupy-cuda13x[ctk]"'
-"""CuPy 14 ships no cuBLAS: the ``ctk`` extra brings the CUDA libraries (cuBLAS among them)."""
+CUPY_INSTALL = CUBLAS_INSTALL
+"""Our cublas extra: cupy-cuda13x with its ``ctk`` extra, which brings the CUDA libraries
+(cuBLAS among them); CuPy 14 ships none of its own."""
 INSTALL_HINT = f"the cublas backend needs CuPy with cuBLAS ({CUPY_INSTALL}) and a CUDA GPU"
 DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)
 PRECISIONS = ("fp32", "tf32")

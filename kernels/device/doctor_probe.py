@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from kernels.constants import CUDA_INSTALL
+
 ODD = (257, 271, 263)
 """m, k, n of the correctness products: ragged against every tile size."""
 
@@ -20,8 +22,10 @@ def check(name: str, status: str, detail: str, fix: str = "") -> dict[str, str]:
 
 
 def devices() -> tuple[dict[str, str], Any]:
-    from numba import cuda
-
+    try:
+        from numba import cuda
+    except ImportError as e:
+        return check("devices", "fail", f"no CUDA packages ({e})", CUDA_INSTALL), None
     try:
         gpus = list(cuda.gpus)
     except Exception as e:  # noqa: BLE001 - cuInit failed: name the code
@@ -119,7 +123,7 @@ def bandwidth(cuda: Any, nbytes: int = 256 << 20) -> tuple[list[dict[str, str]],
 
 def speed_and_figures() -> list[dict[str, str]]:
     """Our kernel's rate (the worker's calibration, saved for the planner) against cuBLAS."""
-    from kernels.cuda.cublas import CublasUnavailableError, load_cupy
+    from kernels.cuda.cublas import CUPY_INSTALL, CublasUnavailableError, load_cupy
     from kernels.device.figures import store_path
     from kernels.device.rates import worker_device_figures
 
@@ -146,7 +150,7 @@ def speed_and_figures() -> list[dict[str, str]]:
             )
         )
     except CublasUnavailableError as e:
-        out.append(check("cublas", "warn", e.reason, 'pip install "cupy-cuda13x[ctk]"'))
+        out.append(check("cublas", "warn", e.reason, CUPY_INSTALL))
     out.append(check("figures", "pass", f"saved for the planner in {store_path()}"))
     return out
 

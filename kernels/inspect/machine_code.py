@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kernels.constants import CUDA_INSTALL
 from kernels.inspect.sass import (
     MmaTargets,
     analyse,
@@ -37,7 +38,7 @@ def find_tool(name: str) -> Path:
     if not found:
         raise FileNotFoundError(
             f"{name} not found under the nvidia wheels ({[str(r) for r in roots]}); "
-            "pip install nvidia-cuda-nvcc nvidia-cuda-cuobjdump (the system one may be too old)"
+            f"{CUDA_INSTALL} (the system one may be too old)"
         )
     return found[-1]  # the newest CUDA major (cu13 after cu12)
 

@@ -20,12 +20,24 @@ from typing import Any
 
 import numpy as np
 
+from kernels.backends import importable, missing_packages
+from kernels.constants import CUBLAS_INSTALL, CUDA_INSTALL
+
 PROBE_CHECKS = ("devices", "kernels", "pinned", "bandwidth", "speed", "cublas", "figures", "nvcomp")
 """What the GPU probe reports (kernels.device.doctor_probe), in order."""
 GPU_CHECKS = (*PROBE_CHECKS, "cluster")
 """Every GPU check: the probe's, then the LocalCUDACluster job (pipeline.doctor.cluster_check)."""
 PROBE_TIMEOUT_S = 600
-PACKAGES = ("numpy", "dask", "distributed", "zarr", "numba", "numba-cuda", "dask-cuda")
+PACKAGES = ("numpy", "dask", "distributed", "zarr")
+"""What the CPU path needs: every install has them."""
+GPU_PACKAGES = (
+    ("numba", "numba", CUDA_INSTALL),
+    ("numba-cuda", "numba_cuda", CUDA_INSTALL),
+    ("dask-cuda", "dask_cuda", CUDA_INSTALL),
+    ("cupy-cuda13x", "cupy", CUBLAS_INSTALL),
+)
+"""(distribution, module, the command that installs it) of the GPU backends' packages, which
+a plain install lacks: the cuda extra's, then the cublas extra's CuPy."""
 
 
 @dataclass(frozen=True)
@@ -38,8 +50,8 @@ class Check:
 
 
 def run_doctor(as_json: bool, require_gpu: bool) -> int:
-    checks = [versions(), cuda_family(), toolkit(), cpu_backend()]
     driver = find_driver()
+    checks = [versions(driver is not None or require_gpu), cuda_family(), toolkit(), cpu_backend()]
     if driver is None:
         status = "fail" if require_gpu else "skip"
         why = "no NVIDIA driver (no /dev/nvidia0, no libcuda)"
@@ -68,7 +80,9 @@ def report(checks: list[Check]) -> str:
     return "\n".join(lines)
 
 
-def versions() -> Check:
+def versions(gpu_wanted: bool = False) -> Check:
+    """The CPU path's packages (fail when one is missing) and the GPU backends' (a plain
+    install lacks them: a warning only where a GPU is here or asked for)."""
     found = []
     for name in PACKAGES:
         try:
@@ -76,12 +90,29 @@ def versions() -> Check:
         except metadata.PackageNotFoundError:
             found.append(f"{name} missing")
     missing = [f for f in found if f.endswith(" missing")]
-    return Check(
-        "versions",
-        "fail" if missing else "pass",
-        f"python {sys.version.split()[0]} · " + ", ".join(found),
-        "pip install -c requirements/constraints.txt -e ." if missing else "",
-    )
+    detail = f"python {sys.version.split()[0]} · " + ", ".join(found) + " · " + gpu_packages()
+    if missing:
+        return Check("versions", "fail", detail, "pip install -c requirements/constraints.txt -e .")
+    if gpu_wanted and missing_packages("cuda"):
+        return Check("versions", "warn", detail, CUDA_INSTALL)
+    return Check("versions", "pass", detail)
+
+
+def gpu_packages() -> str:
+    """The GPU backends' packages: versions, or what installs the missing ones (found
+    without importing them)."""
+    shown: list[str] = []
+    lacking: dict[str, list[str]] = {}
+    for dist, module, install in GPU_PACKAGES:
+        if not importable(module):
+            lacking.setdefault(install, []).append(dist)
+            continue
+        try:
+            shown.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:  # another CuPy wheel (cupy-cuda12x, cupy)
+            shown.append(f"{module} (installed)")
+    shown += [f"{', '.join(names)} not installed ({cmd})" for cmd, names in lacking.items()]
+    return ", ".join(shown)
 
 
 def cuda_majors(names: list[str], version: Any) -> dict[str, int]:
@@ -115,12 +146,16 @@ def cuda_family() -> Check:
             f"CUDA majors {seen} mixed: {detail}",
             f"pip uninstall {' '.join(sorted(odd))}; keep one CUDA major in the environment",
         )
-    return Check("cuda-family", "pass", f"one CUDA major {seen or ''}: {len(majors)} packages")
+    if not seen:
+        return Check("cuda-family", "pass", "no CUDA packages installed")
+    return Check("cuda-family", "pass", f"one CUDA major {seen}: {len(majors)} packages")
 
 
 def toolkit() -> Check:
     from kernels.cuda.toolkit import link_problem, nvjitlink_version, nvvm_version
 
+    if missing_packages("cuda"):
+        return Check("toolkit", "skip", "no CUDA packages: nothing compiles kernels", CUDA_INSTALL)
     nvvm, link = nvvm_version(), nvjitlink_version()
     problem = link_problem(nvvm, link, None)
     shown = ", ".join(
@@ -169,7 +204,11 @@ def find_driver() -> str | None:
 
 def gpu_probe() -> list[Check]:
     """kernels.device.doctor_probe in a child process: its JSON checks, or one failure saying
-    why."""
+    why (without the CUDA packages, the probe is not started)."""
+    if missing := missing_packages("cuda"):
+        why = f"a driver but no CUDA packages ({', '.join(missing)} not installed)"
+        rest = [Check(name, "skip", "no CUDA packages") for name in PROBE_CHECKS[1:]]
+        return [Check("devices", "fail", why, CUDA_INSTALL), *rest]
     return run_child("kernels.device.doctor_probe", "devices")
 
 

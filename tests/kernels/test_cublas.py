@@ -24,7 +24,7 @@ from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.run.client import resolve_backend
 from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
 
-FIX = r"needs CuPy with cuBLAS \(pip install \"cupy-cuda13x\[ctk\]\"\) and a CUDA GPU"
+FIX = r"needs CuPy with cuBLAS \(pip install \"zarr-tilegemm\[cublas\]\"\) and a CUDA GPU"
 
 no_cublas = pytest.mark.skipif(cublas_available(), reason="CuPy and a GPU are present here")
 
