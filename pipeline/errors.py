@@ -30,6 +30,39 @@ class InputNotFoundError(PipelineError, FileNotFoundError):
     """An input path or URL holds no Zarr array."""
 
 
+class InputUnreachableError(InputNotFoundError):
+    """A worker cannot open an input this machine opened: it sees other files (no shared file
+    system, another working folder) or may not read them."""
+
+    def __init__(self, url: str, worker: str, reason: str, name: str = "", then: str = "") -> None:
+        self.url = url
+        """The input as the job gave it to the workers."""
+        self.worker = worker
+        """The worker's address ("" when not known)."""
+        self.reason = reason
+        """What the worker found: "it does not exist there", "permission denied on ..."."""
+        self.name = name
+        """The input's name in the command (A, B, C, X; "" until the caller names it)."""
+        self.then = then
+        """The end of the fix: what to run once the workers can read it."""
+        who = f"{name} ({url})" if name else url
+        where = f"a worker ({worker})" if worker else "a worker"
+        target = url.rsplit("::", 1)[-1]  # a chained URL's (zip://A::a.zip) file or URL
+        fix = (
+            "the workers must see the same paths as this machine (a shared file system), or "
+            "use a URL they can reach"
+            if "://" not in target
+            else "the workers must reach the same storage: check their network and credentials"
+        )
+        super().__init__(f"{where} cannot read {who}: {reason}; {fix}{then}")
+
+    def named(self, name: str, then: str = "") -> InputUnreachableError:
+        return InputUnreachableError(self.url, self.worker, self.reason, name, then)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickled from worker to client whole
+        return (type(self), (self.url, self.worker, self.reason, self.name, self.then))
+
+
 class InputError(PipelineError, ValueError):
     """An input array exists but cannot be multiplied (rank, dtype, shape)."""
 

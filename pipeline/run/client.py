@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -13,12 +14,23 @@ from typing import Any
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
-from kernels.backends import AUTO, AUTO_GPU, BACKENDS, CPU, BackendSpec, get_backend, probe_devices
+from kernels.backends import (
+    AUTO,
+    AUTO_GPU,
+    BACKENDS,
+    CPU,
+    BackendSpec,
+    get_backend,
+    missing_packages,
+    probe_devices,
+)
 from pipeline.cputime import account
 from pipeline.errors import (
     BackendUnavailableError,
     ClusterError,
     DeviceFaultError,
+    InputNotFoundError,
+    InputUnreachableError,
     JobError,
     PipelineError,
     UsageError,
@@ -30,6 +42,7 @@ from pipeline.run.progress import ProgressLine
 from pipeline.run.spec import TaskSpec, TileStats
 from pipeline.run.stopping import stop_running
 from pipeline.run.timing import add_phases, process_usage
+from pipeline.store.fs import local_path
 
 log = logging.getLogger("pipeline")
 
@@ -63,6 +76,11 @@ def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
     reason = "a GPU on every worker" if chosen == AUTO_GPU else "no GPU visible to the workers"
     if all_gpu and chosen == CPU:
         reason = f"{compute_dtype} is not a GPU dtype"
+    elif chosen == CPU and (unusable := _lacking_packages(gpu, devices, seen=True)):
+        reason = (
+            f"{len(unusable)} worker(s) see a GPU but lack {gpu.packages_name}: "
+            f"{gpu.install} to use it"
+        )
     log.info("backend: %s (%s)", chosen, reason)
     return chosen
 
@@ -71,10 +89,13 @@ def check_gpu_decode(client: Client, backend: str) -> None:
     """--gpu-decode needs a staged GPU backend and, on a real GPU, nvCOMP on every worker (the
     simulator decodes on the host in its place; the emulated device models it)."""
     if not get_backend(backend).make_device:
+        gpu = BACKENDS[AUTO_GPU]
+        lacking = [w for w, missing in client.run(missing_packages, AUTO_GPU).items() if missing]
+        needs = f", which needs {gpu.packages_name}: {gpu.install}" if lacking else ""
         raise UsageError(
             f"--gpu-decode decodes on the GPU, but the job runs on the {backend} backend (auto "
             "found no GPU on every worker, or a dtype no GPU backend takes); drop --gpu-decode "
-            "or ask for --backend cuda"
+            f"or ask for --backend cuda{needs}"
         )
     from kernels.device.decode import can_decode_on_device
 
@@ -110,7 +131,22 @@ def _simulating() -> bool:
     return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
 
 
+def _lacking_packages(
+    spec: BackendSpec, devices: dict[str, dict[str, bool]], seen: bool = False
+) -> list[str]:
+    """The workers (``seen``: those that see a GPU) that reported ``spec``'s packages missing."""
+    installed = f"{spec.name} installed"
+    return sorted(
+        w for w, d in devices.items() if not d.get(installed, True) and (d.get("seen") or not seen)
+    )
+
+
 def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute_dtype: str) -> str:
+    if lacking := _lacking_packages(spec, devices):
+        raise BackendUnavailableError(
+            f"--backend {spec.name} needs {spec.packages_name}: {spec.install} (missing on "
+            f"{len(lacking)} of {len(devices)} worker(s): {', '.join(lacking)})"
+        )
     missing = sorted(w for w, d in devices.items() if not d.get(spec.name))
     if missing:
         raise BackendUnavailableError(
@@ -235,11 +271,29 @@ def wait_some(pending: set[Future[Any]]) -> tuple[set[Future[Any]], set[Future[A
 
 def _job_error(future: Future[Any], total: int) -> PipelineError:
     error = future.exception()
+    if (unreachable := input_error(error)) is not None:
+        return unreachable
     if isinstance(error, PipelineError):  # the task named the problem (e.g. a corrupt chunk)
         return error
     return JobError(
         f"a tile task failed ({type(error).__name__}: {error}); the other tasks of {total} "
         "were cancelled; tiles already written are kept: rerun with --resume"
+    )
+
+
+def input_error(error: BaseException | None) -> PipelineError | None:
+    """A task's ``error`` when it says a worker cannot read an input (bad input: exit 2): as
+    it is while this machine still sees the input, else that the input is gone; None for any
+    other error."""
+    if not isinstance(error, InputUnreachableError):
+        return None
+    local = local_path(error.url)
+    if local is None or os.path.lexists(local):
+        return error
+    who = f"{error.name} ({error.url})" if error.name else error.url
+    return InputNotFoundError(
+        f"{who} no longer exists on this machine either (removed or moved while the job ran); "
+        "put it back, then run the command again"
     )
 
 

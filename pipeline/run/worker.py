@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -14,6 +15,7 @@ from numpy.typing import NDArray
 from kernels.backends import make_accumulator
 from kernels.cpu import share_cores
 from pipeline.accumulate import tasks as accumulate
+from pipeline.errors import InputUnreachableError
 from pipeline.plan.matmul import row_bands
 from pipeline.plan.spec import Tile
 from pipeline.run import events, staged
@@ -32,10 +34,12 @@ def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]
     """
     clock = PhaseTimes()
     if spec.staged:
-        partial, bytes_read = staged.product(spec, tile, panels, clock)
+        with _inputs_named(spec):
+            partial, bytes_read = staged.product(spec, tile, panels, clock)
         return partial, bytes_read, clock.as_dict()
     acc = _accumulator(spec, tile)
-    bytes_read = _multiply(spec, tile, panels, acc, clock)
+    with _inputs_named(spec):
+        bytes_read = _multiply(spec, tile, panels, acc, clock)
     with clock.measure("copy"):
         partial = acc.result()
     return partial, bytes_read, clock.as_dict()
@@ -81,7 +85,7 @@ def tile_product_write(
     rows before it): a resumed tile computes only its unwritten rows."""
     start = time.perf_counter()
     clock = PhaseTimes()
-    with BandWriter(spec, tile, resume, clock) as writer:
+    with BandWriter(spec, tile, resume, clock) as writer, _inputs_named(spec):
         todo = writer.todo
         if spec.staged:
             bytes_read = staged.product_bands(spec, todo, panels, clock, writer.accept)
@@ -90,6 +94,20 @@ def tile_product_write(
             bytes_read = _multiply(spec, todo, panels, acc, clock, writer.accept)
         writer.finish()
     return _journal(spec, tile, bytes_read, start, writer.crc, clock.as_dict())
+
+
+@contextlib.contextmanager
+def _inputs_named(spec: TaskSpec) -> Iterator[None]:
+    """An input this worker cannot read, named as the command names it (A, B or X); OUT is
+    claimed by then, so the rerun resumes it."""
+    try:
+        yield
+    except InputUnreachableError as e:
+        if e.name:
+            raise
+        store = spec.store
+        name = "X" if store.symmetric else "A" if e.url == store.a_url else "B"
+        raise e.named(name, then=", then rerun with --resume") from None
 
 
 def _block_rows(spec: TaskSpec) -> int | None:

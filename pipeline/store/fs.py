@@ -219,9 +219,15 @@ def _refuse_dangling(path: str, name: str) -> None:
 
 def absolute(url: str) -> str:
     """A local path made absolute, nothing else changed (``..`` after a link still follows
-    the link, as the file system does); URLs as given."""
+    the link, as the file system does), and so is a chained URL's local archive
+    (``zip://A::a.zip``); other URLs as given."""
     local = local_path(normalize_url(url))
-    return url if local is None else os.path.join(os.getcwd(), local)
+    if local is not None:
+        return os.path.join(os.getcwd(), local)
+    head, chained, target = url.rpartition("::")
+    if chained and "://" not in target:
+        return f"{head}::{os.path.join(os.getcwd(), target)}"
+    return url
 
 
 def local_path(url: str) -> str | None:

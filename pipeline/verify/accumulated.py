@@ -25,11 +25,11 @@ class Checked(Protocol):
 
 def checked_c(job: Checked) -> Any:
     """C as verify reads it: the stored array, or its accumulation undone."""
-    c = io.open_input(job.urls[2], job.options, "C")
+    c = io.open_on_worker(job.urls[2], job.options, "C")
     if job.scaled is None:
         return c
     old_url, alpha, beta = job.scaled
-    old = None if old_url is None else io.open_input(old_url, job.options, "C_old")
+    old = None if old_url is None else io.open_on_worker(old_url, job.options, "C_old")
     return Undone(c, old, alpha, beta)
 
 

@@ -47,9 +47,10 @@ from kernels.backends import PRECISIONS
 from pipeline.errors import InputError, JobError, UnfinishedOutputError
 from pipeline.plan.operands import operands
 from pipeline.plan.spec import ArraySpec
-from pipeline.run.client import wait_some
+from pipeline.run.client import input_error, wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
+from pipeline.store.fs import absolute
 from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 from pipeline.verify import symmetry, tasks
 from pipeline.verify.nonfinite import OVERFLOW_MARGIN
@@ -113,6 +114,25 @@ class VerifyResult:
     def finite_inputs(self) -> bool:
         return self.a_nonfinite == 0 and self.b_nonfinite == 0
 
+    def __repr__(self) -> str:
+        """One line: the fields' own repr is kilobytes of row blocks in a notebook."""
+        blocks = len(self.failing_row_blocks)
+        status = "ok" if self.passed else f"FAILED in {blocks} row block(s)" if blocks else "FAILED"
+        worst = (
+            f"worst residual/tolerance {self.worst_ratio:.3g} at row {self.worst_row}"
+            if self.worst_row >= 0
+            else "no finite row checked"
+        )
+        more = ""
+        if not (self.finite_inputs and self.pattern_matches):
+            more += (
+                f"; non-finite: A {self.a_nonfinite}, B {self.b_nonfinite}, C "
+                f"{self.c_unexpected} unexpected, {self.c_missing} missing"
+            )
+        if self.asymmetric:
+            more += f"; {self.asymmetric} element(s) differ from their mirror"
+        return f"<VerifyResult {status}: {worst}, {self.rounds} round(s){more}>"
+
 
 def verify_product(
     client: Client,
@@ -136,13 +156,14 @@ def verify_product(
     equal its transpose bitwise."""
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
+    a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))  # for any worker's cwd
     (a, b, c), transposed, symmetric, ours = _operation(a_url, b_url, c_url, options, given)
     alpha = _recorded_alpha(ours) if alpha is None else alpha
     precision = precision or _recorded_precision(ours)
     scaled = None
     if c_old is not None or alpha != 1:
         old_url, beta = c_old if c_old is not None else (None, 0.0)
-        scaled = (old_url, float(alpha), float(beta))
+        scaled = (None if old_url is None else absolute(old_url), float(alpha), float(beta))
     rng = np.random.default_rng(seed)
     r = rng.choice(np.array([-1.0, 1.0]), size=(b.shape[1], rounds))
     sample = _sample_rows(rng, a.shape[0], a.chunks[0])
@@ -223,6 +244,9 @@ def _wait_for(futures: list[Future[Any]], line: CheckLine) -> None:
         pending = wait_some(pending)[1]
         line.update()
     failed = [f for f in futures if f.status == "error"]
+    for future in failed:  # an input a worker cannot read: bad input, not a failed check
+        if (unreachable := input_error(future.exception())) is not None:
+            raise unreachable
     if failed:
         raise JobError(f"verification task failed: {failed[0].exception()}")
 
@@ -248,6 +272,7 @@ def check_operation(
 ) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool]:
     """``check_shapes``, with the transposes (given, else C's record) and whether C is a
     Gram product's."""
+    a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))
     return _operation(a_url, b_url, c_url, options, given)[:3]
 
 

@@ -267,7 +267,7 @@ def _operand(job: CheckSpec, index: int) -> Any:
 def asymmetric(job: CheckSpec, rows: tuple[int, int]) -> int:
     """Elements of C's row block ``rows`` (right of its diagonal) that are not bitwise equal
     to their mirror, C's column block below it: over every row block, C is read once."""
-    c = io.open_input(job.urls[2], job.options, "C")
+    c = io.open_on_worker(job.urls[2], job.options, "C")
     n, step = c.shape[1], job.specs[2].chunks[1]
     found = 0
     for c0 in range(rows[0], n, step):

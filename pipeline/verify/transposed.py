@@ -31,8 +31,8 @@ class Transposed:
 
 
 def open_operand(url: str, options: dict[str, Any], name: str, transposed: bool) -> Any:
-    """An input opened read-only, as the product uses it."""
-    array = inputs.open_input(url, options, name)
+    """An input opened read-only in a task, as the product uses it."""
+    array = inputs.open_on_worker(url, options, name)
     return Transposed(array) if transposed else array
 
 
