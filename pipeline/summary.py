@@ -7,6 +7,8 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from pipeline.cputime import ROWS
 from pipeline.plan.device_model import VENDOR
 from pipeline.plan.gpu_candidate import panel_decode_rate
@@ -84,9 +86,23 @@ PRECISION_TEXT = {
 }
 
 
+def arithmetic(precision: str, compute_dtype: str) -> str:
+    """The arithmetic a product runs in, as the plan and the summary name it: ``--precision
+    fp32`` (the default) is the accumulator's own, so fp64 for float64 and exact for integers
+    (their products that could overflow are refused)."""
+    if precision != "fp32":
+        return precision
+    dt = np.dtype(compute_dtype)
+    if dt.kind == "f":
+        return f"fp{dt.itemsize * 8}"
+    if dt.kind == "c":
+        return f"fp{dt.itemsize * 4} complex"
+    return f"exact {dt}"
+
+
 def _precision(plan: MatmulPlan) -> str:
     """The arithmetic asked for; tensor-core rates are not modelled (unmeasured here)."""
-    text = f"{plan.precision} ({PRECISION_TEXT[plan.precision]})"
+    text = f"{arithmetic(plan.precision, plan.compute_dtype)} ({PRECISION_TEXT[plan.precision]})"
     if plan.precision != "fp32" and plan.device is not None:
         text += "; time modelled at the fp32 rate"
     return text
@@ -192,12 +208,24 @@ def format_summary(result: MultiplyResult) -> str:
     return (
         f"done: {result.shape[0]}x{result.shape[1]} {result.dtype} in {result.seconds:.2f} s "
         f"({computed / seconds / 1e9:.1f} GFLOP/s, backend {result.backend}, "
-        f"precision {plan.precision}); "
+        f"precision {arithmetic(plan.precision, plan.compute_dtype)}); "
         f"tiles computed {result.tiles_computed}, skipped {result.tiles_skipped}; "
-        f"read {format_bytes(result.bytes_read)} "
-        f"({_ratio(result.bytes_read, plan.lower_bound_read_bytes)} x lower bound); "
-        f"verify {verified}"
+        f"{_reads(result)}; verify {verified}"
     )
+
+
+def _reads(result: MultiplyResult) -> str:
+    """The bytes read against the least any schedule reads for what this run computed: a
+    --resume's part, never the whole product (its bound would flatter the part)."""
+    plan, read = result.plan, format_bytes(result.bytes_read)
+    if not result.tiles_computed:
+        return f"read {read} (no tile computed in this run)"
+    if (part := result.read_bound_bytes) is not None:
+        ratio = _ratio(result.bytes_read, part)
+        return f"read {read} ({ratio} x lower bound of the part computed in this run)"
+    if result.tiles_skipped:
+        return f"read {read} (for the part computed in this run, whose lower bound is not known)"
+    return f"read {read} ({_ratio(result.bytes_read, plan.lower_bound_read_bytes)} x lower bound)"
 
 
 def _layout(plan: MatmulPlan) -> str:

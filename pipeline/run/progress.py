@@ -3,11 +3,14 @@
 Finished tiles count from their own stats; running tasks from the panel events they send
 (pipeline.run.events), so the line moves within a tile. Only work computed in this run counts
 (tiles a --resume skips are not in it). The ETA is the remaining flops at the rate measured so
-far; before any panel is done it is the planner's estimate minus the time spent.
+far; before any panel is done it is the planner's estimate minus the time spent. The command
+line's log handler shows a passing status (a job waiting for its running tasks) the same way.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 import threading
 import time
@@ -17,6 +20,48 @@ from pipeline.plan.units import format_bytes
 
 Counts = tuple[int, int, int]
 """K panels, flops, bytes read."""
+TRANSIENT = {"transient": True}
+"""``extra=`` of a log record that only says what the job does meanwhile (waiting for its
+running tasks to stop): ``StatusHandler`` shows it until the next line replaces it."""
+
+
+class StatusHandler(logging.StreamHandler[TextIO]):
+    """The command line's log lines. A TRANSIENT record is drawn on a terminal as a line that
+    the next one replaces, and left out elsewhere (``show_all`` keeps it: --debug), so a job
+    that stops early ends with its one ``error:`` line."""
+
+    def __init__(self, stream: TextIO, show_all: bool = False) -> None:
+        super().__init__(stream)
+        self.show_all = show_all
+        self.rows = 0
+        """Terminal rows the transient line shown now takes (0: none shown)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not getattr(record, "transient", False) or self.show_all:
+            self.clear()
+            super().emit(record)
+        elif self.stream.isatty():
+            self.clear()
+            text = self.format(record)
+            self.stream.write("\r" + text + "\x1b[K")
+            self.stream.flush()
+            self.rows = -(-len(text) // (columns(self.stream) or len(text) or 1))
+
+    def clear(self) -> None:
+        """Take a transient line off the terminal (each row it wrapped onto), for the line that
+        follows."""
+        if self.rows:
+            self.stream.write("\r\x1b[K" + "\x1b[A\x1b[K" * (self.rows - 1))
+            self.stream.flush()
+            self.rows = 0
+
+
+def columns(stream: TextIO) -> int | None:
+    """The width of the terminal ``stream`` writes to; None when not known."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns or None
+    except (AttributeError, OSError, ValueError):
+        return None
 
 
 class _Line:
@@ -32,7 +77,9 @@ class _Line:
 
     def draw(self) -> None:
         if self.enabled:
-            self.stream.write("\r" + self.text() + "\x1b[K")
+            width = columns(self.stream)  # a wrapped line would leave a row behind each draw
+            text = self.text() if width is None else self.text()[: width - 1]
+            self.stream.write("\r" + text + "\x1b[K")
             self.stream.flush()
 
     def close(self) -> None:

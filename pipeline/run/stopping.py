@@ -11,7 +11,7 @@ from typing import Any
 
 from distributed import Client, Future
 
-from pipeline.run.progress import ProgressLine
+from pipeline.run.progress import TRANSIENT, ProgressLine
 
 log = logging.getLogger("pipeline")
 
@@ -35,6 +35,7 @@ def stop_running(
             "then); %s",
             why,
             way_out,
+            extra=TRANSIENT,
         )
         drain(client, keys, timeout)
 

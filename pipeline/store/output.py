@@ -38,10 +38,13 @@ from pipeline.store.fs import (
 )
 from pipeline.store.handles import cached_array, open_output
 from pipeline.store.reach import check_apart
-from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
+from pipeline.store.record import ATTRS_KEY, OutRecord, alpha_flag, differences, of_array
 
 if TYPE_CHECKING:
     from pipeline.plan.matmul import MatmulPlan
+
+OVERWRITE = "or pass --overwrite to start over"
+"""The way out of every refusal to --resume."""
 
 
 @dataclass(frozen=True)
@@ -266,10 +269,49 @@ class Output:
         return groups.refresh_consolidated(self.url, self.storage_options)
 
     def finished_tiles(
-        self, plan: MatmulPlan, fingerprint: str, state: dict[str, Any]
+        self,
+        plan: MatmulPlan,
+        fingerprint: str,
+        state: dict[str, Any],
+        alpha: float | None = None,
     ) -> set[tuple[int, int]]:
-        """Tiles journaled under this plan whose bytes still match their checksum."""
+        """Tiles journaled under this plan whose bytes still match their checksum; OUT started
+        as another product is refused, naming what differs (``alpha``: this run's --alpha,
+        None when not known)."""
+        if state.get("fingerprint") != fingerprint:
+            raise UsageError(self._resume_refusal(plan, fingerprint, state, alpha))
         return journal.finished_tiles(self.url, self.storage_options, plan, fingerprint, state)
+
+    def _resume_refusal(
+        self, plan: MatmulPlan, fingerprint: str, state: dict[str, Any], alpha: float | None
+    ) -> str:
+        """Why --resume cannot go on, in flags: the options that differ from OUT's record;
+        else OUT's shape against this product's; else the inputs' fingerprint."""
+        started = OutRecord.from_dict(state)
+        given = OutRecord(
+            transpose_a=plan.transposed[0], transpose_b=plan.transposed[1],
+            symmetric=plan.symmetric, precision=plan.precision,
+            alpha=started.alpha if alpha is None else None if alpha == 1 else float(alpha),
+        )  # fmt: skip
+        name = f"--resume: {'G' if plan.symmetric else 'OUT'} ({self.url})"
+        if found := differences(started, given):
+            then, now = (" and ".join(getattr(d, k) for d in found) for k in ("started", "given"))
+            return (
+                f"{name} was started {then}{',' if len(found) > 1 else ''} and this run has "
+                f"{now}; rerun {' and '.join(d.fix for d in found)}, {OVERWRITE}"
+            )
+        (m, n), shape = plan.out.shape, tuple(int(s) for s in self._open("r").shape)
+        held = (
+            f"is a {shape[0]}x{shape[1]} product and this run's is {m}x{n}: A or B is not "
+            "the array it was started with"
+            if shape != (m, n)
+            else "was started with other inputs: A or B is not the array it was started "
+            "with, or its metadata (shape, chunks, dtype, codecs or attributes) changed since "
+            f"(fingerprint {state.get('fingerprint')}, this run's {fingerprint})"
+        )
+        if alpha is None:  # this run's --alpha is not known: it may be the difference
+            held += f"; or this run's --alpha is another (OUT was started {alpha_flag(started)})"
+        return f"{name} {held}; rerun with the inputs it was started with, {OVERWRITE}"
 
     def input_listings(self) -> dict[str, Any] | None:
         """The inputs' listings saved at the last run's start (None: none, or unreadable)."""

@@ -114,6 +114,52 @@ class OutRecord:
         return {ATTRS_KEY: self.to_json()}
 
 
+@dataclass(frozen=True)
+class Difference:
+    """One option a run gives otherwise than OUT was started with, in flag words."""
+
+    started: str
+    """How OUT was started: ``with --transpose-b``."""
+    given: str
+    """What this run has: ``no --transpose-b``."""
+    fix: str
+    """How to rerun: ``with --transpose-b``."""
+
+
+def differences(started: OutRecord, given: OutRecord) -> list[Difference]:
+    """The options of the product recorded in ``started`` (OUT's) that ``given`` (the record
+    this run would write) does not share: transposes (``--rows`` for a Gram product), the
+    precision and α. A Gram product against a plain one is one difference."""
+    if started.symmetric != given.symmetric:
+        kinds = {True: "a Gram product (`gram`)", False: "a plain product (`multiply`)"}
+        command = "`gram`" if started.symmetric else "`multiply`"
+        return [Difference(f"as {kinds[started.symmetric]}", kinds[given.symmetric], command)]
+    found = []
+    flags = (("transpose_b", "--rows"),) if given.symmetric else (
+        ("transpose_a", "--transpose-a"), ("transpose_b", "--transpose-b"),
+    )  # fmt: skip
+    for name, flag in flags:
+        then, now = getattr(started, name), getattr(given, name)
+        if then and not now:
+            found.append(Difference(f"with {flag}", f"no {flag}", f"with {flag}"))
+        elif now and not then:
+            found.append(Difference(f"without {flag}", flag, f"without {flag}"))
+    then, now = started.precision or "fp32", given.precision or "fp32"
+    if then != now:
+        found.append(
+            Difference(f"with --precision {then}", f"--precision {now}", f"with --precision {then}")
+        )
+    if started.alpha != given.alpha:
+        now_alpha = "no --alpha" if given.alpha is None else f"--alpha {_text(given.alpha)}"
+        found.append(Difference(alpha_flag(started), now_alpha, alpha_flag(started)))
+    return found
+
+
+def alpha_flag(record: OutRecord) -> str:
+    """How a product was asked for its α: ``with --alpha 2``, or ``without --alpha`` (1)."""
+    return "without --alpha" if record.alpha is None else f"with --alpha {_text(record.alpha)}"
+
+
 def parse(value: object) -> OutRecord | None:
     """The record a ``tilegemm`` attribute holds: JSON text, or an earlier version's object.
     None when it holds none, or a malformed one (read within MAX_RECORD_CHARS)."""
@@ -140,6 +186,12 @@ def of_attributes(attributes: object) -> OutRecord | None:
 def of_array(array: Any) -> OutRecord | None:
     """The record in a zarr array's attributes, or None (not ours, or malformed)."""
     return of_attributes(dict(array.attrs))
+
+
+def _text(number: float) -> str:
+    """A number as short as it reads back exactly (2, not 2.0)."""
+    short = f"{number:g}"
+    return short if float(short) == number else repr(number)
 
 
 def _count(value: object, least: int) -> bool:
