@@ -10,8 +10,11 @@ loop, in the placeholder's stead, a second or so later.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import threading
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 import dask
@@ -29,6 +32,18 @@ PAGE = (
 def has_dashboard() -> bool:
     """bokeh is installed (the dashboard's one extra dependency)."""
     return importlib.util.find_spec("bokeh") is not None
+
+
+@contextlib.contextmanager
+def quiet_port_change() -> Iterator[None]:
+    """While a local cluster starts: no warning when the dashboard's port is taken (another
+    cluster, a notebook's own): distributed binds a free one and the logged link shows it. A
+    scoped filter, so the caller's own filters are as they were after."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"Port \d+ is already in use", category=UserWarning
+        )
+        yield
 
 
 def serve_when_asked(scheduler: Any, origins: list[str]) -> None:

@@ -15,7 +15,7 @@ import dask
 from dask.system import CPU_COUNT
 from distributed import Client
 
-from cluster.dashboard import has_dashboard, serve_when_asked
+from cluster.dashboard import has_dashboard, quiet_port_change, serve_when_asked
 from cluster.memory import MemoryLimit
 from cluster.security import (
     ORIGIN_KEY,
@@ -33,6 +33,8 @@ from cluster.spec import (
 )
 from cluster.tuning import keep_freed_memory, nanny_environ, worker_config
 from cluster.worker_hosts import PRELOAD
+from kernels.backends import driver_gpus
+from kernels.constants import CUDA_INSTALL
 
 log = logging.getLogger("pipeline")
 CONNECT_TIMEOUT_S = 10
@@ -46,9 +48,18 @@ def count_gpus() -> int:
         return 0  # set but empty hides every GPU (dask-cuda would count one empty name)
     try:
         from dask_cuda.utils import get_n_gpus
-
+    except ImportError:  # a plain install: CPU workers, and a word when GPUs are here
+        if seen := driver_gpus():
+            log.warning(
+                "%d GPU(s) here, but dask-cuda is not installed: the local workers use the CPU "
+                "(%s to use the GPUs)",
+                seen,
+                CUDA_INSTALL,
+            )
+        return 0
+    try:
         return int(get_n_gpus())
-    except Exception:  # noqa: BLE001 - no dask-cuda, driver, library or device: no GPU
+    except Exception:  # noqa: BLE001 - no driver, library or device: no GPU
         return 0
 
 
@@ -75,12 +86,12 @@ def start(spec: ClusterSpec, memory_limit: MemoryLimit | None = None) -> Iterato
     if kind == "cuda":
         from dask_cuda import LocalCUDACluster
 
-        with dask.config.set(local_config()):
+        with dask.config.set(local_config()), quiet_port_change():
             cluster = LocalCUDACluster(**options)
     else:
         from distributed import LocalCluster
 
-        with dask.config.set(local_config()):
+        with dask.config.set(local_config()), quiet_port_change():
             cluster = LocalCluster(**options)
     attach_dashboard(cluster, split_dashboard_address(options["dashboard_address"])[0])
     # The client takes the cluster's TLS credentials (cluster.security) with the cluster.

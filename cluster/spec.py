@@ -28,8 +28,9 @@ class ClusterSpec:
 
     def __post_init__(self) -> None:
         if self.scheduler and self.scheduler_file:
+            # Said without flags or keywords: the command line and Python both build a spec.
             raise UsageError(
-                "--scheduler and --scheduler-file both name a scheduler; give one of them"
+                "a scheduler address and a scheduler file both name a scheduler; give one of them"
             )
         host, port = split_dashboard_address(self.dashboard_address)
         if not self.existing and not is_loopback(host):
@@ -51,8 +52,7 @@ def split_dashboard_address(address: str) -> tuple[str, int]:
     if not colon or not port.isdigit() or int(port) > 65535 or ":" in host or "," in host:
         raise UsageError(
             f"dashboard address {address!r} is not HOST:PORT (an IPv4 address or a name, and "
-            "a port from 0 to 65535); e.g. --dashboard-address 127.0.0.1:8787, or "
-            "127.0.0.1:0 for any free port"
+            "a port from 0 to 65535), e.g. 127.0.0.1:8787, or 127.0.0.1:0 for any free port"
         )
     return host, int(port)
 

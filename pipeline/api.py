@@ -1,4 +1,5 @@
-"""The Python API: ``prepare`` (validate and plan, no side effects) and ``multiply`` (run).
+"""The Python API: ``prepare`` (validate and plan, no side effects), ``multiply`` (run) and
+``verify_product``; their errors name keywords, not the command line's flags.
 
 A, B and OUT may be paths (``str`` or ``os.PathLike``), fsspec URLs or ``zarr.Array`` objects
 (see pipeline.store.locate); an array given as OUT must be one this tool wrote, replaced with
@@ -24,7 +25,14 @@ from pipeline.facts.job_plan import check_job_precision, plan_for, planning_back
 from pipeline.job import MatmulJob
 from pipeline.options.declaration import MULTIPLY, PREPARE
 from pipeline.options.job_options import JobOptions, MultiplyResult
-from pipeline.options.product import PrepareOptions, ProductOptions, carried, checked, takes_options
+from pipeline.options.product import (
+    PrepareOptions,
+    ProductOptions,
+    carried,
+    checked,
+    for_python,
+    takes_options,
+)
 from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
@@ -36,6 +44,10 @@ from pipeline.store.output import Output
 from pipeline.store.owned import check_finished
 from pipeline.store.report_file import check_report
 from pipeline.store.signature import key_encoding, metadata_digest
+from pipeline.verify import check
+
+verify_product = for_python(check.verify_product)
+"""``pipeline.verify_product``: pipeline.verify.check's, its errors in keywords."""
 
 log = logging.getLogger("pipeline")
 
@@ -141,8 +153,8 @@ def _validated(
     t, sym = store.transposed, store.symmetric
     plan = plan_for(a_spec, b_spec, options, state, None, backend, transposed=t, symmetric=sym)
     check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
-    used = (_names(x, t) for x, t in zip(arrays, store.transposed, strict=True))
-    dims = dimension_names(*used, unnamed=_unnamed(store))
+    a_names, b_names = (_names(x, t) for x, t in zip(arrays, store.transposed, strict=True))
+    dims = dimension_names(a_names, b_names, unnamed=_unnamed(store))
     digest = metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)

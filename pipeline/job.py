@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -31,8 +32,10 @@ from pipeline.facts.job_plan import (
     planning_backend,
 )
 from pipeline.options.job_options import JobOptions, MultiplyResult
+from pipeline.options.product import for_python
 from pipeline.plan.gpu_candidate import staging_bytes
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
+from pipeline.plan.limits import computed_regions, read_lower_bound
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.spec import ArraySpec, StoreSpec
 from pipeline.run.client import (
@@ -47,6 +50,7 @@ from pipeline.run.client import (
     worker_usage,
 )
 from pipeline.run.spec import TaskSpec
+from pipeline.sensitive.text import redact_url
 from pipeline.sensitive.values import warn_if_exposed
 from pipeline.store import inputs, journal, owned, resume
 from pipeline.store.fs import local_path
@@ -93,6 +97,30 @@ class MatmulJob:
     def output(self) -> Output:
         return Output(self.store.out_url, self.store.storage_options)
 
+    def __repr__(self) -> str:
+        """One line for a notebook (the fields hold the plan, the options and the workers)."""
+        out, store = self.plan.out, self.store
+        a, b = (
+            _shown(url) + ("ᵀ" if t else "")
+            for url, t in zip((store.a_url, store.b_url), store.transposed, strict=True)
+        )
+        kind = "gram " if store.symmetric else ""
+        return (
+            f"<MatmulJob {kind}{a} @ {b} -> {_shown(store.out_url)}: {out.shape[0]}x"
+            f"{out.shape[1]} {out.dtype}, {self.plan.n_tiles} tile(s) on {self.plan.workers} "
+            f"worker(s), backend {self.options.backend}, {self._what_happens_to_out()} "
+            "(print(job) for the plan)>"
+        )
+
+    def _what_happens_to_out(self) -> str:
+        opts, name = self.options, self._out_name
+        if opts.accumulate:
+            return "adds into C"
+        if self.state is None:
+            return f"writes a new {name}"
+        return f"resumes {name}" if opts.resume else f"replaces {name}"
+
+    @for_python
     def describe(self) -> str:
         """The plan as a table (what --dry-run prints), with OUT's size and room and, when
         they differ, each GPU backend's modelled time."""
@@ -103,6 +131,7 @@ class MatmulJob:
             lines += (("backends", backends),)
         return format_plan(self.plan, lines)
 
+    @for_python
     def backend_times(self) -> tuple[tuple[str, float], ...]:
         """Each GPU backend's modelled seconds on the same workers, when the plan rests on a
         device's vendor figures (pipeline.facts.job_plan.backend_times)."""
@@ -115,6 +144,7 @@ class MatmulJob:
     def _out_name(self) -> str:
         return "G" if self.store.symmetric else "OUT"
 
+    @for_python
     def room(self) -> Room | None:
         """OUT's size and the free space where it goes (None: --accumulate writes into C's
         own chunks)."""
@@ -128,6 +158,7 @@ class MatmulJob:
 
     __str__ = describe
 
+    @for_python
     def for_cluster(self, client: Client, backend: str | None = None) -> MatmulJob:
         """The same job planned for the workers of ``client`` (and a resolved backend)."""
         chosen = backend or planning_backend(self.options.backend, self.options.device_class)
@@ -140,6 +171,7 @@ class MatmulJob:
         )  # fmt: skip
         return replace(self, plan=plan, live=live)
 
+    @for_python
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed).
         OUT is claimed (created exclusively, locked, re-checked) before any cluster starts."""
@@ -192,9 +224,12 @@ class MatmulJob:
                 verified = self._verify(c, spec.fingerprint) if opts.verify else None
             self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
+        # A resume computes a part: its reads are measured against that part's bound.
+        part = computed_regions(plan, skip, resumed) if skip or resumed else None
         result = MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
             run.bytes_read, backend, plan, verified, run.phases, usage,
+            None if part is None else read_lower_bound(plan, part),
         )  # fmt: skip
         if opts.report:  # where the seconds went, beside distributed's own report
             add_to_report(opts.report, result, opts.storage_options)
@@ -276,7 +311,8 @@ class MatmulJob:
                 self.output, plan, fp, now, self.key_encodings, resume=self.options.resume
             )
         if self.options.resume and state is not None:
-            done = self.output.finished_tiles(plan, fp, state)  # refuses another fingerprint
+            # refuses another fingerprint, naming what differs
+            done = self.output.finished_tiles(plan, fp, state, alpha=self.options.alpha)
             return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
         if state is not None:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
@@ -344,6 +380,17 @@ class MatmulJob:
         )  # fmt: skip
         self.output.mark(fp, verified=result.passed)
         return result.passed
+
+
+def _shown(url: str) -> str:
+    """A URL as a notebook shows it: secrets hidden, a local path inside the working folder
+    relative to it."""
+    path = local_path(url)
+    if path is not None and os.path.isabs(path):
+        relative = os.path.relpath(path)
+        if not relative.startswith(os.pardir):
+            url = relative
+    return redact_url(url)
 
 
 @contextlib.contextmanager

@@ -31,7 +31,9 @@ from pipeline.cli.parser import (
 from pipeline.errors import PipelineError
 from pipeline.options.declaration import GRAM, MULTIPLY
 from pipeline.options.product import options_for
+from pipeline.options.spelling import cli_spelling
 from pipeline.plan.units import format_bytes
+from pipeline.run.progress import StatusHandler
 from pipeline.sensitive.text import redact_url, url_secrets
 from pipeline.sensitive.values import ScrubLogs, scrub, secret_values, warn_if_exposed
 
@@ -57,8 +59,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.command not in ("random", "doctor"):
         # distributed sets its loggers' levels when imported: import it first so ours stick.
         import distributed  # noqa: F401
+    # Transient lines ("waiting for the running tasks") give way to the next line: a job that
+    # stops early ends with its one error line.
+    status = StatusHandler(sys.stderr, show_all=args.debug)
     logging.basicConfig(
-        level=logging.DEBUG if args.debug else logging.INFO, format="%(message)s", stream=sys.stderr
+        level=logging.DEBUG if args.debug else logging.INFO, format="%(message)s", handlers=[status]
     )
     for noisy in ("distributed", "numba", "asyncio", "fsspec", "bokeh", "tornado"):
         logging.getLogger(noisy).setLevel(logging.WARNING if args.debug else logging.ERROR)
@@ -67,25 +72,28 @@ def main(argv: list[str] | None = None) -> int:
     # Passwords and signatures in the URLs given, wherever a message may quote them.
     secrets = {s for name in LOCATIONS for s in url_secrets(str(getattr(args, name, "") or ""))}
     try:
-        with interrupt_once(INTERRUPTED[args.command]):
+        # Messages keep their flags: the API's doors would name keywords (Python callers').
+        with interrupt_once(INTERRUPTED[args.command], status), cli_spelling():
             args.storage_options = storage_options(args)
             secrets |= secret_values(args.storage_options)
             with scrubbed_logs(secrets):
                 return int(COMMANDS[args.command](args))
     except PipelineError as e:
-        return _fail(f"error: {e}", e.exit_code, args.debug, secrets)
+        return _fail(f"error: {e}", e.exit_code, args.debug, secrets, status)
     except KeyboardInterrupt:
-        return _fail(f"error: interrupted; {INTERRUPTED[args.command]}", 1, args.debug, secrets)
+        line = f"error: interrupted; {INTERRUPTED[args.command]}"
+        return _fail(line, 1, args.debug, secrets, status)
     except Exception as e:  # noqa: BLE001 - unexpected: still one line unless --debug
         line = f"error: {type(e).__name__}: {e}"
         if not args.debug:
             line += " (rerun with --debug for the traceback)"
-        return _fail(line, 1, args.debug, secrets)
+        return _fail(line, 1, args.debug, secrets, status)
 
 
-def _fail(line: str, exit_code: int, debug: bool, secrets: set[str]) -> int:
-    """The ``error:`` line (after the traceback under --debug), secrets hidden; --debug
-    never changes the exit code."""
+def _fail(line: str, exit_code: int, debug: bool, secrets: set[str], status: StatusHandler) -> int:
+    """The ``error:`` line (after the traceback under --debug), secrets hidden, in place of a
+    transient line; --debug never changes the exit code."""
+    status.clear()
     if debug:
         print(scrub(traceback.format_exc(), secrets), file=sys.stderr, end="")
     print(scrub(line, secrets), file=sys.stderr)
@@ -107,7 +115,7 @@ def scrubbed_logs(secrets: set[str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def interrupt_once(advice: str) -> Iterator[None]:
+def interrupt_once(advice: str, status: StatusHandler | None = None) -> Iterator[None]:
     """Ctrl-C ends the command quietly: the first raises KeyboardInterrupt in the main thread
     (the job cleans up and the caller prints one line), a second exits at once.
 
@@ -123,6 +131,8 @@ def interrupt_once(advice: str) -> Iterator[None]:
     def on_interrupt(signum: int, frame: FrameType | None) -> None:
         nonlocal seen
         if seen:
+            if status is not None:
+                status.clear()
             print(f"error: interrupted again; stopped at once: {advice}", file=sys.stderr)
             sys.stderr.flush()
             os._exit(1)

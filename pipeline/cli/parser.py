@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import os
 import re
+import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
@@ -17,6 +19,15 @@ from pipeline.options.product import declared, options_for
 from pipeline.plan.layout import parse_pair
 from pipeline.sensitive.text import is_sensitive, redact_url
 from pipeline.store.options_file import ENV, merged, options_from_env, options_from_file
+
+SCRIPT = "tilegemm"
+"""The console command pyproject.toml installs; ``python -m pipeline`` runs the same."""
+
+
+def program_name() -> str:
+    """The command as the user started it, for usage lines and ``--help`` hints."""
+    started = os.path.basename(sys.argv[0]) if sys.argv else ""
+    return SCRIPT if started == SCRIPT else "python -m pipeline"
 
 
 class Parser(argparse.ArgumentParser):
@@ -30,7 +41,7 @@ class Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(
-        prog="python -m pipeline",
+        prog=program_name(),
         description="Multiply Zarr matrices on a Dask cluster (GPU kernels or CPU BLAS).",
     )
     parser.add_argument("-v", "--debug", action="store_true", help="tracebacks and debug logs")
@@ -230,10 +241,22 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
     args, extras = parser.parse_known_args(argv)
     if extras:
         sub = _subcommands(parser)[args.command]
+        if args.command == GRAM:
+            _refuse_for_gram(sub, extras, args.rows)
         options = [o for action in sub._actions for o in action.option_strings]
         sub.error(f"unrecognized arguments: {' '.join(extras)}{_suggest(extras, options)}")
     args.debug = getattr(args, "debug", False)
     return args
+
+
+def _refuse_for_gram(sub: argparse.ArgumentParser, extras: list[str], rows: bool) -> None:
+    """multiply's options given to gram: what to do instead, not a near-named flag."""
+    from pipeline.gramian import NOT_FOR_GRAM, refusal
+
+    given = {token.split("=", 1)[0] for token in extras}
+    refused = [name for name in NOT_FOR_GRAM if declared(name).flag in given]
+    if refused:
+        sub.exit(2, f"error: {refusal(refused, rows)}\n")
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

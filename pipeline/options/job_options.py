@@ -10,6 +10,7 @@ from cluster.memory import MemoryLimit
 from cluster.spec import ClusterSpec
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.spec import OutputSpec
+from pipeline.plan.units import format_bytes
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 
 
@@ -78,3 +79,17 @@ class MultiplyResult:
     """Thread-seconds the tile tasks spent per phase (product, decode, copy, write, wait)."""
     usage: dict[str, float] = field(default_factory=dict)
     """The worker processes' user and system seconds and page faults during the tiles."""
+    read_bound_bytes: int | None = None
+    """The least any schedule reads to compute what this run computed, in bytes, when that is
+    a part of the product (a --resume's; pipeline.plan.limits.read_lower_bound); None: the
+    whole product, whose bound is ``plan.lower_bound_read_bytes``."""
+
+    def __repr__(self) -> str:
+        """One line for a notebook (the fields hold the plan and the phases' seconds)."""
+        checked = {None: "", True: ", verified", False: ", verification FAILED"}[self.verified]
+        return (
+            f"<MultiplyResult {self.shape[0]}x{self.shape[1]} {self.dtype}: "
+            f"{self.tiles_computed} tile(s) computed, {self.tiles_skipped} skipped, "
+            f"{self.seconds:.2f} s, {format_bytes(self.bytes_read)} read, "
+            f"backend {self.backend}{checked}>"
+        )

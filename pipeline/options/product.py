@@ -21,6 +21,7 @@ from cluster.memory import MemoryLimit, parse_limit
 from cluster.spec import ClusterSpec
 from kernels.backends import CHOICES, PRECISIONS
 from pipeline.errors import UsageError
+from pipeline.options import spelling
 from pipeline.options.declaration import MULTIPLY, PREPARE, Option, Pair, declarations
 from pipeline.options.job_options import JobOptions
 from pipeline.plan.device_model import DEVICE_CLASSES
@@ -344,11 +345,18 @@ def carried(values: Mapping[str, Any]) -> dict[str, Any]:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def for_python(func: F) -> F:
+    """``func`` as the API's door: its PipelineErrors name keywords (``overwrite=True``), not
+    the command line's flags (pipeline.options.spelling)."""
+    return spelling.door(func, lambda: DECLARED)
+
+
 def takes_options(command: str, refuses: Iterable[str] = ()) -> Callable[[F], F]:
     """``func(..., **options)`` taking the options ``command`` takes: listed in its signature
     (``help()``, ``inspect.signature``) with their defaults and in its docstring with their
     help, and any other keyword refused with a plain function's TypeError. ``refuses``:
-    declared options ``func`` refuses itself, with a message of its own."""
+    declared options ``func`` refuses itself, with a message of its own. Its errors name
+    keywords, not flags (``for_python``)."""
 
     def decorate(func: F) -> F:
         own = [
@@ -356,6 +364,7 @@ def takes_options(command: str, refuses: Iterable[str] = ()) -> Callable[[F], F]
         ]
         taken = options_for(command)
         known = {p.name for p in own} | {o.name for o in taken} | set(refuses)
+        python = for_python(func)
 
         @functools.wraps(func)
         def call(*args: Any, **kwargs: Any) -> Any:
@@ -364,7 +373,7 @@ def takes_options(command: str, refuses: Iterable[str] = ()) -> Callable[[F], F]
                     raise TypeError(
                         f"{func.__name__}() got an unexpected keyword argument {name!r}"
                     )
-            return func(*args, **kwargs)
+            return python(*args, **kwargs)
 
         keywords = [
             inspect.Parameter(

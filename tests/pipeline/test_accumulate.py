@@ -115,7 +115,7 @@ def test_failed_tiles_are_added_once_on_resume(
             multiply(a_url, b_url, c_url, client=c, accumulate=True, alpha=ALPHA, beta=BETA)
         assert (Path(c_url) / SIDECAR / "saved").exists(), "originals saved before writes"
         monkeypatch.undo()
-        with pytest.raises(UsageError, match="unfinished accumulation .*--resume"):
+        with pytest.raises(UsageError, match="unfinished accumulation .*resume=True"):
             multiply(a_url, b_url, c_url, client=c, accumulate=True, alpha=ALPHA, beta=BETA)
         result = multiply(a_url, b_url, c_url, client=c, accumulate=True, resume=True,
                           alpha=ALPHA, beta=BETA)  # fmt: skip
@@ -188,7 +188,7 @@ def test_killed_worker_mid_accumulation(tmp_path: Path) -> None:
         # --overwrite would replace C's values
         ({"overwrite": True}, UsageError, "pick one"),
         # C's layout is kept
-        ({"chunks": (100, 100)}, UsageError, "drop --chunks"),
+        ({"chunks": (100, 100)}, UsageError, "drop chunks="),
         # nothing to resume
         ({"resume": True}, UsageError, "no unfinished accumulation"),
     ],
@@ -211,12 +211,12 @@ def test_beta_needs_accumulate_and_integer_c_takes_whole_factors(tmp_path: Path)
     from pipeline import prepare
 
     a_url, b_url, c_url, _ = setup(tmp_path)
-    with pytest.raises(UsageError, match="--beta .* needs --accumulate"):
+    with pytest.raises(UsageError, match="beta= .* needs accumulate=True"):
         prepare(a_url, b_url, str(tmp_path / "new.zarr"), beta=2.0)
     ints = write_array(tmp_path / "i.zarr", np.ones((4, 4), "int8"), (2, 2))
     c_int = str(tmp_path / "ci.zarr")
     zarr.create_array(c_int, data=np.zeros((4, 4), "int16"), chunks=(2, 2))
-    with pytest.raises(UsageError, match="--alpha 0.5 is not a whole number"):
+    with pytest.raises(UsageError, match="alpha=0.5 is not a whole number"):
         prepare(ints, ints, c_int, accumulate=True, alpha=0.5)
     with pytest.raises(IntegerOverflowError, match="integer overflow"):
         prepare(ints, ints, c_int, accumulate=True, alpha=2**12)

@@ -96,7 +96,7 @@ def test_a_tile_stopped_while_moving_its_objects(tmp_path: Path, monkeypatch: py
         multiply(a_url, b_url, c_url, client=c, accumulate=True, alpha=ALPHA, beta=BETA)
     monkeypatch.undo()
     assert not (Path(c_url) / SIDECAR / "saved").exists(), "no tile finished its moves"
-    with pytest.raises(UsageError, match="--resume"):
+    with pytest.raises(UsageError, match="resume=True"):
         multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA, beta=BETA)
     multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA, beta=BETA,
              resume=True)  # fmt: skip

@@ -147,7 +147,7 @@ def test_an_array_as_out(tmp_path: Path, client: Client, ab: tuple[Any, Any, str
     assert (tmp_path / "mine.zarr").exists()  # never deleted
     multiply(a_url, b_url, str(tmp_path / "c.zarr"), client=client)
     ours = zarr.open_array(str(tmp_path / "c.zarr"), mode="r")
-    with pytest.raises(OutputExistsError, match="pass --overwrite to replace it or --resume"):
+    with pytest.raises(OutputExistsError, match="pass overwrite=True to replace it or resume=True"):
         multiply(a_url, b_url, ours, client=client)
     resumed = multiply(a_url, b_url, ours, client=client, resume=True)
     assert resumed.tiles_computed == 0 and resumed.tiles_skipped == resumed.plan.n_tiles

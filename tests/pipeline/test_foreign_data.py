@@ -140,7 +140,7 @@ def test_an_integer_product_beyond_its_dtype_is_not_wrapped(tmp_path: Path, clie
     b = np.full((50, 10), 100, dtype="int16")
     urls = [zarr_writer(2)(tmp_path, n, x, (10, 10)) for n, x in (("a", a), ("b", b))]
     out = str(tmp_path / "c.zarr")
-    with pytest.raises(InputError, match=r"integer overflow: int16 @ int16 .* --dtype int64"):
+    with pytest.raises(InputError, match=r"integer overflow: int16 @ int16 .* dtype='int64'"):
         multiply(*urls, out, client=client)
     multiply(*urls, out, client=client, dtype="int64")
     c = zarr.open_array(out, mode="r")[:]

@@ -102,7 +102,7 @@ def test_overwrite_refuses_out_holding_foreign_files(
         (out / intruder).write_text("not yours")
     before, theirs = listing(out), listing(elsewhere)
     for flag in ("overwrite", "resume"):  # resume would write through a link
-        with pytest.raises(UnsafeOutputError, match=rf"did not write .*--{flag} writes only"):
+        with pytest.raises(UnsafeOutputError, match=rf"did not write .*{flag}=True writes only"):
             multiply(a_url, b_url, str(out), client=client, **{flag: True})
     assert listing(out) == before and listing(elsewhere) == theirs
     assert_product(zarr.open_array(str(out))[:], a, b)
@@ -219,7 +219,7 @@ def test_resume_refuses_an_out_without_an_input_record(
     out = tmp_path / "c.zarr"
     multiply(a_url, b_url, str(out), client=client)
     (out / "inputs.json").unlink()  # as an OUT of an older version has none
-    with pytest.raises(UsageError, match=r"no record of its inputs.*--overwrite"):
+    with pytest.raises(UsageError, match=r"no record of its inputs.*overwrite=True"):
         multiply(a_url, b_url, str(out), client=client, resume=True)
 
 
@@ -249,7 +249,7 @@ def test_input_changing_during_the_job_fails_it(
 
     monkeypatch.setattr(pipeline.store.resume, "data_listing", drifting)
     out = tmp_path / "c.zarr"
-    with pytest.raises(JobError, match=r"input B changed while the job ran .*--resume"):
+    with pytest.raises(JobError, match=r"input B changed while the job ran .*resume=True"):
         multiply(a_url, b_url, str(out), client=client)
     assert of_array(zarr.open_array(str(out))).complete is False
 

@@ -288,11 +288,11 @@ def test_resume_keeps_the_layout_and_refuses_another(tmp_path: Path, client: Cli
     zarr.create_array(str(tmp_path / "b.zarr"), data=b, chunks=(30, 16))
     paths = [str(tmp_path / n) for n in ("a.zarr", "b.zarr", "c.zarr")]
     multiply(*paths, client=client, chunks="8x8", shards="32x16", dtype="float64")
-    with pytest.raises(UsageError, match=r"OUT \(.*c\.zarr\) has chunks 8x8 and --chunks 16x16"):
+    with pytest.raises(UsageError, match=r"OUT \(.*c\.zarr\) has chunks 8x8 and chunks=\(16, 16\)"):
         prepare(*paths, resume=True, chunks="16x16")
-    with pytest.raises(UsageError, match=r"has shards 32x16 and --shards 64x16 was given"):
+    with pytest.raises(UsageError, match=r"has shards 32x16 and shards=\(64, 16\) was given"):
         prepare(*paths, resume=True, shards="64x16")
-    with pytest.raises(UsageError, match=r"has dtype float64 and --dtype float32"):
+    with pytest.raises(UsageError, match=r"has dtype float64 and dtype='float32'"):
         prepare(*paths, resume=True, dtype="float32")
     resumed = multiply(*paths, client=client, resume=True)  # no flags: OUT's own layout
     assert resumed.tiles_skipped == resumed.plan.n_tiles and resumed.tiles_computed == 0

@@ -37,10 +37,10 @@ def _inputs(tmp_path: Path, dtype: str = "float32", k: int = 24) -> tuple[str, s
 
 
 @pytest.mark.parametrize(("backend", "dtype", "precision", "message"), [
-    ("cpu", "float32", "tf32", r"^--precision tf32: the cpu backend computes fp32 only; use "),
-    ("cpu", "float32", "3xtf32", r"^--precision 3xtf32: the cpu backend computes fp32 only"),
-    ("cublas", "float32", "3xtf32", r"the cublas backend computes fp32 or tf32 only; use --bac"),
-    ("cuda", "float64", "tf32", r"the product computes in float64: use --precision fp32"),
+    ("cpu", "float32", "tf32", r"^precision='tf32': the cpu backend computes fp32 only; use "),
+    ("cpu", "float32", "3xtf32", r"^precision='3xtf32': the cpu backend computes fp32 only"),
+    ("cublas", "float32", "3xtf32", r"the cublas backend computes fp32 or tf32 only; use backe"),
+    ("cuda", "float64", "tf32", r"the product computes in float64: use precision='fp32'"),
     ("auto", "float64", "3xtf32", r"the product computes in float64"),  # no backend could
     ("cuda", "float32", "fp16", r"unknown precision 'fp16'; choose fp32, tf32, 3xtf32"),
 ])  # fmt: skip
@@ -75,7 +75,7 @@ def test_gram_takes_precision(tmp_path: Path) -> None:
 def test_auto_resolving_to_cpu_is_refused_before_any_work(tmp_path: Path, client: Client) -> None:
     a, b = _inputs(tmp_path)
     job = prepare(a, b, str(tmp_path / "c.zarr"), precision="tf32")  # auto: may become cuda
-    with pytest.raises(UsageError, match=r"--backend auto chose cpu \(not a GPU on every worker"):
+    with pytest.raises(UsageError, match=r"backend='auto' chose cpu \(not a GPU on every worker"):
         job.execute(client)
     assert not (tmp_path / "c.zarr").exists()
 
@@ -90,7 +90,7 @@ def test_tensor_kernels_are_refused_on_simulated_workers(tmp_path: Path) -> None
     with (
         LocalCluster(n_workers=1, processes=False, dashboard_address=":0") as cluster,
         Client(cluster) as c,
-        pytest.raises(BackendUnavailableError, match=r"--precision 3xtf32 runs our tensor-core "
+        pytest.raises(BackendUnavailableError, match=r"precision='3xtf32' runs our tensor-core "
                       r"kernel \(inline PTX\), which numba's CUDA simulator cannot run"),
     ):  # fmt: skip
         job.execute(c)

@@ -283,7 +283,7 @@ def test_an_unfinished_product_is_refused_as_an_input(
     array = zarr.open_array(str(out), mode="r+")
     unfinished = dataclasses.replace(record.of_array(array), complete=False)
     array.attrs.update(unfinished.attributes())
-    with pytest.raises(InputError, match=r"unfinished product of this tool.*--resume"):
+    with pytest.raises(InputError, match=r"unfinished product of this tool.*resume=True"):
         multiply(str(out), str(out), str(tmp_path / "sq2.zarr"), client=client, transpose_b=True)
 
 

@@ -111,7 +111,7 @@ def test_dimension_names(
 def test_no_shards_in_a_v2_group(tmp_path: Path) -> None:
     store = write_dataset(tmp_path / "ds.zarr", sample(np.random.default_rng(8)), 2)
     with pytest.raises(
-        UsageError, match=r"--shards 10x5 needs Zarr v3, but OUT goes into a Zarr v2"
+        UsageError, match=r"shards=\(10, 5\) needs Zarr v3, but OUT goes into a Zarr v2"
     ):
         prepare(f"{store}/A", f"{store}/B", f"{store}/C", shards="10x5")
 
