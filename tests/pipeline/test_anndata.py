@@ -18,7 +18,7 @@ from distributed import Client
 
 import pipeline
 from pipeline.errors import InputError
-from pipeline.store import inputs
+from pipeline.store import input_groups, inputs
 from tests.helpers import assert_product, run_cli, write_array
 
 anndata = pytest.importorskip("anndata")
@@ -208,7 +208,7 @@ def test_a_group_is_looked_at_within_bounds(tmp_path: Path) -> None:
     never opened (it would block)."""
     root = tmp_path / "wide.zarr"
     group = zarr.create_group(str(root))
-    for i in range(inputs.NODES_LOOKED_AT + 10):
+    for i in range(input_groups.NODES_LOOKED_AT + 10):
         group.create_group(f"g{i:03d}")
     (root / "fifo").mkdir()
     os.mkfifo(root / "fifo" / "zarr.json")
