@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -70,7 +71,8 @@ def run_light(
     the simulator, as a user's machine runs: the process and the GPU modules it tried."""
     log = light / "attempts.log"
     log.unlink(missing_ok=True)
-    env = child_env({"PYTHONPATH": str(light), "TILEGEMM_BLOCKED_LOG": str(log)})
+    kept = os.pathsep.join(p for p in (str(light), os.environ.get("PYTHONPATH")) if p)
+    env = child_env({"PYTHONPATH": kept, "TILEGEMM_BLOCKED_LOG": str(log)})
     env.pop("NUMBA_ENABLE_CUDASIM", None)
     command = ["-c", code] if code is not None else ["-m", module, *args]
     done = subprocess.run(
