@@ -33,7 +33,7 @@ from pipeline.options.product import (
     for_python,
     takes_options,
 )
-from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names
+from pipeline.plan.layout import dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
 from pipeline.store import coordinates, groups, inputs
@@ -154,7 +154,9 @@ def _validated(
     plan = plan_for(a_spec, b_spec, options, state, None, backend, transposed=t, symmetric=sym)
     check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
     a_names, b_names = (_names(x, t) for x, t in zip(arrays, store.transposed, strict=True))
-    dims = dimension_names(a_names, b_names, unnamed=_unnamed(store))
+    dims = dimension_names(
+        a_names, b_names, unnamed=groups.unnamed_dimensions(store.out_url, store.storage_options)
+    )
     digest = metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)
@@ -200,16 +202,6 @@ def _names(array: Any, transposed: bool) -> tuple[str | None, str | None]:
     """An operand's dimension names as used (reversed when read transposed)."""
     first, second = inputs.dimension_names(array)
     return (second, first) if transposed else (first, second)
-
-
-def _unnamed(store: StoreSpec) -> tuple[str, str]:
-    """OUT's dimension names where the inputs have none: i and j, or inside a group, named
-    after OUT (``C_i``, ``C_j``): xarray opens a group only where each name has one length,
-    and products of other shapes may share it."""
-    if not groups.in_group(store.out_url, store.storage_options):
-        return DEFAULT_DIMENSIONS
-    name = store.out_url.rstrip("/").rsplit("/", 1)[-1]
-    return (f"{name}_{DEFAULT_DIMENSIONS[0]}", f"{name}_{DEFAULT_DIMENSIONS[1]}")
 
 
 def _state(output: Output, given: object) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ import numpy as np
 import zarr
 
 from pipeline.errors import InputError, OutputExistsError, UsageError
+from pipeline.store import groups
 from pipeline.store.fs import check_writable, refuse_linked, resolve_url
 from pipeline.store.output import Output
 from pipeline.store.record import OutRecord
@@ -51,6 +52,10 @@ def write_random(
     state = output.state()  # refuses a foreign OUT, whatever the flags
     if state is not None and not overwrite:
         raise OutputExistsError(f"{url} already exists; pass --overwrite to replace it")
+    # Named in a group only: xarray opens a group's arrays by their names (none for a
+    # standalone array, as before).
+    names = groups.unnamed_dimensions(url, output.storage_options)
+    in_group = groups.in_group(url, output.storage_options)
     with output.claim(state, overwrite=overwrite, resume=False):
         if state is not None:
             output.remove_ours()
@@ -62,6 +67,7 @@ def write_random(
             dtype=dt,
             zarr_format=3,
             attributes=OutRecord(seed=int(seed)).attributes(),
+            dimension_names=names if in_group else None,
             **options,
         )
         _fill(array, shape, chunks, dt, seed)

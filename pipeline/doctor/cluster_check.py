@@ -21,6 +21,7 @@ def cluster_multiply(shape: tuple[int, int, int] = SHAPE) -> dict[str, str]:
     from cluster import lifecycle
     from cluster.spec import ClusterSpec
     from pipeline.api import multiply
+    from pipeline.options.spelling import cli_spelling
 
     def check(status: str, detail: str, fix: str = "") -> dict[str, str]:
         return {"check": "cluster", "status": status, "detail": detail, "fix": fix}
@@ -39,7 +40,8 @@ def cluster_multiply(shape: tuple[int, int, int] = SHAPE) -> dict[str, str]:
                 zarr.create_array(path, data=data, chunks=(max(rows // 2, 1), max(cols // 2, 1)))
                 paths.append(path)
             spec = ClusterSpec(workers=1, dashboard_address="127.0.0.1:0")
-            with lifecycle.start(spec) as client:
+            # doctor's reader runs a command line: the messages keep their flags
+            with lifecycle.start(spec) as client, cli_spelling():
                 client.wait_for_workers(1, timeout=120)
                 a, b = paths
                 multiply(a, b, str(Path(tmp) / "c.zarr"), client=client, backend="cuda",

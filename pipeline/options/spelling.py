@@ -109,7 +109,7 @@ def door(func: F, options: Callable[[], Sequence[Option]]) -> F:
 
 def python_spelling(message: str, options: Sequence[Option]) -> str:
     """``message`` with each flag of ours as a Python caller spells it (``--resume`` ->
-    ``resume=True``, ``--dtype int32`` -> ``dtype='int32'``, ``--chunks`` -> ``chunks=``) and
+    ``resume=True``, ``--dtype int32`` -> ``dtype='int32'``, ``--chunks`` -> ``chunks``) and
     each command line of ours quoted in backticks as a call; other tools' commands and flags,
     paths and URLs stay as they are."""
     keywords = _keywords(options)
@@ -233,7 +233,7 @@ def _shown(word: str) -> str:
 
 
 def _render(run: list[tuple[_Keyword, str | None]]) -> str:
-    """One keyword: ``overwrite=True``, ``dtype='int32'``, ``chunks=``,
+    """One keyword: ``overwrite=True``, ``dtype='int32'``, ``chunks`` (named, no value),
     ``cluster=ClusterSpec(workers=2)``, ``storage_options={'anon': True}``."""
     keyword = run[0][0]
     if keyword.phrase:
@@ -247,7 +247,7 @@ def _render(run: list[tuple[_Keyword, str | None]]) -> str:
         fields = (f"{k.field}={'...' if v is None else _value(k, v)}" for k, v in run)
         return f"cluster=ClusterSpec({', '.join(fields)})"
     given = run[0][1]
-    return f"{keyword.name}={'' if given is None else _value(keyword, given)}"
+    return keyword.name if given is None else f"{keyword.name}={_value(keyword, given)}"
 
 
 def _value(keyword: _Keyword, text: str) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +20,13 @@ from pipeline.store.fs import local_path
 
 log = logging.getLogger("pipeline")
 
-BLOCK = 1 << 20
-"""Coordinate values compared per read: a long dimension is never held whole, twice."""
+BLOCK_BYTES = 8 << 20
+"""Coordinate bytes compared per read: a long dimension is never held whole, twice."""
+MAX_ITEM_BYTES = 256
+"""A coordinate's largest element: longer fixed-width strings (a dtype anyone may declare) are
+not read; the check is skipped."""
+KINDS = "biufcmMSUO"
+"""numpy kinds a coordinate may have: numbers, times, strings (structured ones are skipped)."""
 ENCODING = ("units", "calendar")
 """CF attributes that give stored numbers their meaning (``days since 2000-01-01``)."""
 
@@ -72,6 +78,13 @@ def _coordinate(
         return None
     if coordinate.ndim != 1 or coordinate.shape[0] != array.shape[axis]:
         return None
+    try:
+        dtype = np.dtype(coordinate.dtype)
+    except TypeError:  # a dtype numpy does not know
+        return None
+    if dtype.kind not in KINDS or dtype.itemsize > MAX_ITEM_BYTES:
+        log.debug("coordinate %s of %s not compared: dtype %s", where, operand, dtype)
+        return None
     return Coordinate(operand, dimension, where, coordinate)
 
 
@@ -96,23 +109,33 @@ def sibling(url: str, name: str) -> str | None:
 
 def _compare(a: Coordinate, b: Coordinate) -> None:
     encodings = [_encoding(c.array) for c in (a, b)]
-    readers = [_decoder(e) for e in encodings]
-    if encodings[0] != encodings[1] and None in readers:
+    same_encoding = encodings[0] == encodings[1]
+    resolution = _resolution(encodings)
+    readers = [_decoder(e, resolution) for e in encodings] if resolution else [None, None]
+    if not same_encoding and None in readers:
         raise InputError(
             f"{_named(a)} and {_named(b)}, which the product sums over, have coordinates "
             f"stored in different encodings ({_described(encodings[0])} against "
             f"{_described(encodings[1])}); write both with the same encoding, or pass "
-            f"--ignore-coordinates to multiply them by position"
+            "--ignore-coordinates to multiply them by position"
         )
-    same_encoding = encodings[0] == encodings[1]
     n = a.array.shape[0]
+    step = max(1, BLOCK_BYTES // max(np.dtype(c.array.dtype).itemsize for c in (a, b)))
     differ, first = 0, None
-    for start in range(0, n, BLOCK):
-        stop = min(n, start + BLOCK)
-        left, right = (np.asarray(c.array[start:stop]) for c in (a, b))
-        if not same_encoding:  # both CF times: compared as the times they mean
-            left, right = readers[0](left), readers[1](right)  # type: ignore[misc]
-        same = _equal(left, right)
+    for start in range(0, n, step):
+        stop = min(n, start + step)
+        left, right = (_read(c, start, stop) for c in (a, b))
+        try:
+            if not same_encoding:  # both CF times: compared as the times they mean
+                left, right = readers[0](left), readers[1](right)  # type: ignore[misc]
+            same = _equal(left, right)
+        except (TypeError, ValueError, OverflowError) as e:
+            raise InputError(
+                f"{_named(a)} and {_named(b)}, which the product sums over, have coordinates "
+                f"that cannot be compared ({a.url}: {a.array.dtype} {_described(encodings[0])}, "
+                f"{b.url}: {b.array.dtype} {_described(encodings[1])}: {e}); write both alike, "
+                "or pass --ignore-coordinates to multiply them by position"
+            ) from e
         if not same.all():
             at = int(np.argmin(same))
             if first is None:
@@ -131,31 +154,65 @@ def _compare(a: Coordinate, b: Coordinate) -> None:
     )
 
 
+def _read(c: Coordinate, start: int, stop: int) -> np.ndarray[Any, Any]:
+    try:
+        return np.asarray(c.array[start:stop])
+    except Exception as e:  # noqa: BLE001 - refused unread, or corrupt: the array's problem
+        raise InputError(
+            f"{_named(c)}'s coordinate array ({c.url}) cannot be read: {e}; repair it, or "
+            "pass --ignore-coordinates to multiply the operands by position"
+        ) from e
+
+
 UNITS = {
     "days": "D", "hours": "h", "minutes": "m", "seconds": "s",
     "milliseconds": "ms", "microseconds": "us", "nanoseconds": "ns",
 }  # fmt: skip
 """CF time units numpy can count in."""
+FINE = ("ms", "us", "ns")
+"""Units below a second: times in them are decoded at their own resolution, the rest in
+seconds (whose range, 2.9e11 years, holds any origin)."""
 CALENDARS = (None, "standard", "gregorian", "proleptic_gregorian")
 """Calendars numpy's datetime64 keeps (others, such as noleap, are compared as stored)."""
+INT64 = 2**63 - 1
 
 
-def _decoder(encoding: dict[str, str]) -> Callable[[Any], Any] | None:
-    """CF times (``days since 2000-01-01``) as datetime64, so two encodings of the same times
-    compare equal; None for anything else."""
+def _resolution(encodings: list[dict[str, str]]) -> str | None:
+    """The datetime64 unit both sides' CF times decode to (the finer one's); None unless both
+    are CF times in units numpy counts."""
+    units = [UNITS.get(e.get("units", "").partition(" since ")[0]) for e in encodings]
+    if None in units:
+        return None
+    fine = [u for u in FINE if u in units]
+    return fine[-1] if fine else "s"
+
+
+def _decoder(encoding: dict[str, str], resolution: str) -> Callable[[Any], Any] | None:
+    """CF times (``days since 2000-01-01``) as datetime64 at ``resolution``, so two encodings
+    of the same times compare equal; None for another calendar or an origin numpy can't read.
+    A value whose time leaves int64's range is a ValueError, never a wrapped time."""
     unit, _, since = encoding.get("units", "").partition(" since ")
     if unit not in UNITS or encoding.get("calendar") not in CALENDARS:
         return None
+    text = since.strip().removesuffix("UTC").removesuffix("Z").strip().replace(" ", "T")
     try:
-        origin = np.datetime64(since.strip().replace(" ", "T"), "ns")
-    except ValueError:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's warning about a time zone: not decoded
+            origin = int(np.datetime64(text, resolution).astype(np.int64))  # type: ignore[call-overload]
+    except (ValueError, Warning):
         return None
-    step = np.timedelta64(1, UNITS[unit])  # type: ignore[call-overload]
+    one = np.timedelta64(1, UNITS[unit])  # type: ignore[call-overload]
+    scale = int(one // np.timedelta64(1, resolution))  # type: ignore[call-overload]
 
     def decode(values: Any) -> Any:
+        if values.dtype.kind == "f" and np.isfinite(values).all() and (values % 1 == 0).all():
+            values = values.astype(np.int64)  # whole numbers stored as floats
         if values.dtype.kind not in "iu":
-            return values  # float times: compared as stored
-        return origin + values.astype(np.int64) * step
+            raise ValueError(f"{values.dtype} times in {unit} are not whole numbers")
+        reach = max(abs(int(values.min())), abs(int(values.max()))) if values.size else 0
+        if reach > (INT64 - 1 - abs(origin)) // scale:
+            raise ValueError(f"a time {reach} {unit} from its origin is beyond datetime64's")
+        return (origin + values.astype(np.int64) * scale).view(f"M8[{resolution}]")
 
     return decode
 

@@ -4,6 +4,8 @@ consolidated metadata, refreshed once OUT is complete so xarray's ``open_zarr`` 
 from __future__ import annotations
 
 import contextlib
+import itertools
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -12,10 +14,14 @@ from typing import Any
 
 import zarr
 
+from pipeline.errors import PipelineError
+from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.store.chunks.input_store import InputStore
 from pipeline.store.direct import OutStore
 from pipeline.store.door import Door
 from pipeline.store.fs import fsspec_options, local_path
+
+log = logging.getLogger("pipeline")
 
 
 @dataclass(frozen=True)
@@ -55,6 +61,16 @@ def in_group(url: str, storage_options: dict[str, Any]) -> bool:
     if local is not None and not os.path.lexists(os.path.dirname(os.path.abspath(local))):
         return True
     return bool(enclosing_groups(url, storage_options))
+
+
+def unnamed_dimensions(url: str, storage_options: dict[str, Any]) -> tuple[str, str]:
+    """OUT's dimension names where its operands have none: i and j, or inside a group, named
+    after OUT (``C_i``, ``C_j``): xarray opens a group only where each name has one length,
+    and arrays of other shapes may share it."""
+    if not in_group(url, storage_options):
+        return DEFAULT_DIMENSIONS
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    return (f"{name}_{DEFAULT_DIMENSIONS[0]}", f"{name}_{DEFAULT_DIMENSIONS[1]}")
 
 
 def output_format(url: str, storage_options: dict[str, Any]) -> int:
@@ -100,8 +116,11 @@ class NewGroup:
         """Remove the document again while the group holds nothing else (OUT's folder gone:
         the job left it empty) and it is still the one written here."""
         try:
-            if {entry.path for entry in self.door.walk()} == {"zarr.json"}:
+            # two entries at most: a job that wrote OUT leaves a tree of chunks beside
+            if [e.path for e in itertools.islice(self.door.walk(), 2)] == ["zarr.json"]:
                 self.door.remove_if_same("zarr.json", self.fd)
+        except (OSError, PipelineError) as e:  # the folder replaced meanwhile: left as found
+            log.warning("OUT's new group %s was left as it is: %s", self.door.root, e)
         finally:
             os.close(self.fd)
 

@@ -63,7 +63,7 @@ def _open_group(url: str, storage_options: dict[str, Any] | None, name: str) -> 
 
 def _group_refusal(group: Any, url: str, name: str) -> InputError:
     encoding = group.attrs.get("encoding-type")
-    if encoding in SPARSE:
+    if _sparse(group):
         return _sparse_refusal(group, url, name, str(encoding))
     what = "a Zarr group"
     if isinstance(encoding, str):
@@ -79,6 +79,12 @@ def _group_refusal(group: Any, url: str, name: str) -> InputError:
         f"{name} ({url}) is {what}, not an array, and holds no 2-D numeric array{among}; "
         "give the path of a 2-D Zarr array"
     )
+
+
+def _sparse(group: Any) -> bool:
+    """AnnData's sparse matrix (its attribute is anyone's: a list or a number is not one)."""
+    encoding = group.attrs.get("encoding-type")
+    return isinstance(encoding, str) and encoding in SPARSE
 
 
 def _sparse_refusal(group: Any, url: str, name: str, encoding: str) -> InputError:
@@ -119,7 +125,7 @@ def _usable_arrays(group: Any, url: str) -> tuple[list[str], bool]:
                 return found, False
             looked += 1
             node, path = _member(parent, child), f"{prefix}{child}"
-            if isinstance(node, zarr.Group) and node.attrs.get("encoding-type") not in SPARSE:
+            if isinstance(node, zarr.Group) and not _sparse(node):
                 queue.append((node, f"{path}/"))
             elif isinstance(node, zarr.Array) and _multipliable(node):
                 shape = "x".join(str(s) for s in node.shape)

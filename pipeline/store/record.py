@@ -150,14 +150,14 @@ def differences(started: OutRecord, given: OutRecord) -> list[Difference]:
             Difference(f"with --precision {then}", f"--precision {now}", f"with --precision {then}")
         )
     if started.alpha != given.alpha:
-        now_alpha = "no --alpha" if given.alpha is None else f"--alpha {_text(given.alpha)}"
+        now_alpha = f"--alpha {_text(1.0 if given.alpha is None else given.alpha)}"
         found.append(Difference(alpha_flag(started), now_alpha, alpha_flag(started)))
     return found
 
 
 def alpha_flag(record: OutRecord) -> str:
-    """How a product was asked for its α: ``with --alpha 2``, or ``without --alpha`` (1)."""
-    return "without --alpha" if record.alpha is None else f"with --alpha {_text(record.alpha)}"
+    """How a product was asked for its α: ``with --alpha 2`` (``--alpha 1`` when none was)."""
+    return f"with --alpha {_text(1.0 if record.alpha is None else record.alpha)}"
 
 
 def parse(value: object) -> OutRecord | None:

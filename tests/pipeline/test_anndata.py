@@ -214,3 +214,16 @@ def test_a_group_is_looked_at_within_bounds(tmp_path: Path) -> None:
     os.mkfifo(root / "fifo" / "zarr.json")
     with pytest.raises(InputError, match=r"holds no 2-D numeric array among the first 64 entries"):
         inputs.open_input(str(root), None, "A")
+
+
+@pytest.mark.parametrize("encoding", [["csr_matrix"], {"x": 1}, 3])
+def test_an_encoding_that_is_no_name_is_a_plain_group(tmp_path: Path, encoding: Any) -> None:
+    group = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    group.attrs["encoding-type"] = encoding
+    inner = group.create_group("inner")
+    inner.attrs["encoding-type"] = encoding  # looked into, not taken for a sparse matrix
+    inner.create_array("M", shape=(4, 3), dtype="f4")
+    with pytest.raises(
+        InputError, match=r"is a Zarr group, not an array; .*g\.zarr/inner/M \(4x3 float32\)"
+    ):
+        inputs.open_input(str(tmp_path / "g.zarr"), None, "A")

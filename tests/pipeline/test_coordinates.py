@@ -108,7 +108,7 @@ def test_encodings_that_cannot_be_compared_are_refused(tmp_path: Path) -> None:
 def test_long_coordinates_are_compared_block_by_block(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(coordinates, "BLOCK", 5)
+    monkeypatch.setattr(coordinates, "BLOCK_BYTES", 40)  # 5 float64 values a read
     changed = np.arange(T).astype(float)
     changed[[3, 11]] = np.nan, -1.0  # a NaN on one side only differs too
     x, y = pair(tmp_path, changed)
@@ -195,3 +195,83 @@ def test_an_existing_parent_gets_no_group(tmp_path: Path) -> None:
     with out.claim(None, overwrite=False, resume=False):
         pass
     assert os.listdir(tmp_path / "plain") == []
+
+
+def by_hand(folder: Path, name: str, time: np.ndarray, attrs: dict[str, str]) -> str:
+    """A v3 group as xarray lays one out: ``name`` (time x lat) and the ``time`` beside it."""
+    group = zarr.open_group(str(folder), mode="w", zarr_format=3)
+    variable = group.create_array(
+        name, shape=(len(time), 3), dtype="f8", dimension_names=("time", "lat")
+    )
+    variable[:] = 1.0
+    with warnings.catch_warnings():  # zarr: strings and records have no v3 spec yet
+        warnings.filterwarnings("ignore", message="The data type")
+        coordinate = group.create_array("time", shape=time.shape, dtype=time.dtype)
+        coordinate[:] = time
+        coordinate.attrs.update(attrs)
+    return f"{folder}/{name}"
+
+
+def test_cf_times_far_apart_never_wrap_into_equal(tmp_path: Path) -> None:
+    days = {"units": "days since 2000-01-01"}
+    a = by_hand(tmp_path / "a.zarr", "X", np.arange(6), days)
+    hours = {"units": "hours since 2000-01-01"}
+    far = by_hand(tmp_path / "b.zarr", "Y", 2**51 + 24 * np.arange(6), hours)  # wraps in ns
+    with pytest.raises(InputError, match="differ at 6 of 6 positions"):
+        prepare(a, far, str(tmp_path / "c.zarr"), transpose_a=True)
+    beyond = by_hand(tmp_path / "d.zarr", "Y", 2**61 + 24 * np.arange(6), hours)
+    with pytest.raises(InputError, match="cannot be compared .* beyond datetime64's"):
+        prepare(a, beyond, str(tmp_path / "c.zarr"), transpose_a=True)
+
+
+def test_cf_times_from_year_one_and_in_utc(tmp_path: Path) -> None:
+    early = {"units": "days since 0001-01-01", "calendar": "proleptic_gregorian"}
+    offset = int((np.datetime64("2000-01-01") - np.datetime64("0001-01-01")).astype(int))
+    a = by_hand(tmp_path / "a.zarr", "X", offset + np.arange(6), early)
+    utc = {"units": "hours since 2000-01-01 00:00:00 UTC"}
+    b = by_hand(tmp_path / "b.zarr", "Y", 24 * np.arange(6), utc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's time-zone warning is not let out
+        prepare(a, b, str(tmp_path / "c.zarr"), transpose_a=True)  # the same six days
+    later = by_hand(tmp_path / "d.zarr", "Y", 24 * np.arange(1, 7), utc)
+    with pytest.raises(InputError, match="first at index 0: 2000-01-01 .* against 2000-01-02 "):
+        prepare(a, later, str(tmp_path / "c.zarr"), transpose_a=True)
+
+
+def test_a_coordinate_of_records_is_not_compared(tmp_path: Path) -> None:
+    pairs = np.zeros(6, dtype=[("x", "i4"), ("y", "i4")])
+    a = by_hand(tmp_path / "a.zarr", "X", np.arange(6.0), {})
+    b = by_hand(tmp_path / "b.zarr", "Y", pairs, {})
+    done = run_cli("multiply", a, b, str(tmp_path / "c.zarr"), "--transpose-a", "--dry-run")
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "Warning" not in done.stderr
+
+
+def test_a_coordinate_of_long_fixed_strings_is_not_read(tmp_path: Path) -> None:
+    long = np.array([f"{i}" * 300 for i in range(6)])  # 1,200 bytes an element
+    a = by_hand(tmp_path / "a.zarr", "X", long, {})
+    b = by_hand(tmp_path / "b.zarr", "Y", long[::-1].copy(), {})
+    prepare(a, b, str(tmp_path / "c.zarr"), transpose_a=True)  # not compared: not refused
+
+
+def test_a_coordinate_chunk_that_lies_is_named(tmp_path: Path) -> None:
+    a = by_hand(tmp_path / "a.zarr", "X", np.arange(6), {})
+    b = by_hand(tmp_path / "b.zarr", "Y", np.arange(6), {})
+    chunk = tmp_path / "b.zarr" / "time" / "c" / "0"
+    chunk.write_bytes(chunk.read_bytes() + b"\0" * 64)  # longer than 6 int64 can be
+    with pytest.raises(InputError, match=r"B's dimension 'time''s coordinate array .*b\.zarr/time"):
+        prepare(a, b, str(tmp_path / "c.zarr"), transpose_a=True)
+
+
+def test_random_in_a_group_names_its_dimensions_for_xarray(tmp_path: Path) -> None:
+    store = write(tmp_path / "ds.zarr", xr.Dataset({"X": (("obs", "var"), np.ones((4, 3)))}))
+    for out in (f"{store}/R", str(tmp_path / "new.zarr" / "A")):
+        done = run_cli("random", out, "--shape", "4x5", "--chunks", "2x2", "--seed", "1")
+        assert done.returncode == 0, done.stderr
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert xr.open_zarr(store)["R"].dims == ("R_i", "R_j")
+        assert xr.open_zarr(str(tmp_path / "new.zarr"))["A"].dims == ("A_i", "A_j")
+    assert zarr.open_array(str(tmp_path / "alone.zarr"), mode="w", shape=(1,)).ndim == 1
+    done = run_cli("random", str(tmp_path / "r.zarr"), "--shape", "4x5", "--chunks", "2x2")
+    assert zarr.open_array(str(tmp_path / "r.zarr")).metadata.dimension_names is None

@@ -309,10 +309,10 @@ STARTED = OutRecord(fingerprint="f0", complete=False, tile_shape=(256, 256))
      "--transpose-b and --precision fp32; rerun with --transpose-b and with --precision tf32, "
      "or pass --overwrite to start over"),
     (STARTED, _plan(), 2.0,
-     "was started without --alpha and this run has --alpha 2; rerun without --alpha, or pass "
+     "was started with --alpha 1 and this run has --alpha 2; rerun with --alpha 1, or pass "
      "--overwrite to start over"),
     (dataclasses.replace(STARTED, alpha=0.5), _plan(), 1.0,
-     "was started with --alpha 0.5 and this run has no --alpha; rerun with --alpha 0.5"),
+     "was started with --alpha 0.5 and this run has --alpha 1; rerun with --alpha 0.5"),
     (dataclasses.replace(STARTED, symmetric=True, transpose_a=True), _plan(), 1.0,
      "was started as a Gram product (`gram`) and this run has a plain product (`multiply`); "
      "rerun `gram`"),
@@ -352,6 +352,6 @@ def test_resume_says_in_words_when_only_the_inputs_differ(tmp_path: Path) -> Non
     with pytest.raises(
         UsageError,
         match=r"; or this run's --alpha is another \(OUT was started "
-        r"without --alpha\); rerun",
+        r"with --alpha 1\); rerun",
     ):
         out.finished_tiles(_plan(), "f9", STARTED.to_dict())
