@@ -132,7 +132,7 @@ def test_refusals(tmp_path: Path) -> None:
     g = str(tmp_path / "g.zarr")
     with pytest.raises(InputError, match=r"^X has 3 dimension\(s\) \(4, 4, 4\); only 2-D"):
         prepare_gram(cube, g)
-    with pytest.raises(UsageError, match="chunks= must be square, not 10x20; pass e.g."):
+    with pytest.raises(UsageError, match="chunks must be square, not 10x20; pass e.g."):
         prepare_gram(x_url, g, chunks=(10, 20))
     with pytest.raises(UsageError, match="gram takes no transpose_a=True"):
         prepare_gram(x_url, g, transpose_a=True)

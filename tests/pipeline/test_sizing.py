@@ -119,7 +119,7 @@ def test_storage_rate_sets_the_storage_term(tmp_path: Path) -> None:
 @pytest.mark.parametrize("given", [0, -1, float("nan"), float("inf"), 1e308, "fast", True])
 def test_storage_rate_must_be_a_number_above_zero(tmp_path: Path, given: object) -> None:
     a, b = small(tmp_path)
-    with pytest.raises(UsageError, match="storage_gbps= takes a rate in GB/s above zero"):
+    with pytest.raises(UsageError, match="storage_gbps takes a rate in GB/s above zero"):
         pipeline.prepare(a, b, tmp_path / "c.zarr", storage_gbps=given)  # type: ignore[arg-type]
 
 
