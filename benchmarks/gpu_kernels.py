@@ -109,14 +109,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def require_gpu() -> tuple[Any, Any]:
     """(cupy, numba.cuda) on a machine with a real GPU, else GpuUnavailableError."""
-    from kernels.cuda.cublas import CUPY_INSTALL, CublasUnavailableError, load_cupy
+    from kernels.constants import CUBLAS_INSTALL
+    from kernels.cuda.cublas import CublasUnavailableError, load_cupy
 
     needs = "this benchmark needs a CUDA GPU and CuPy and cannot run on CPU-only machines"
     try:
         cupy = load_cupy()
     except CublasUnavailableError as e:
         raise GpuUnavailableError(
-            f"{needs}: {e.reason}; run it on a GPU host with `{CUPY_INSTALL}`"
+            f"{needs}: {e.reason}; run it on a GPU host with `{CUBLAS_INSTALL}`"
         ) from e
     if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
         raise GpuUnavailableError(

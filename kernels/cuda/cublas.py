@@ -18,10 +18,7 @@ from numpy.typing import NDArray
 from kernels.constants import CUBLAS_INSTALL, GPU_DTYPES, MAX_DIM
 from kernels.panels import band_rows, check_panels
 
-CUPY_INSTALL = CUBLAS_INSTALL
-"""Our cublas extra: cupy-cuda13x with its ``ctk`` extra, which brings the CUDA libraries
-(cuBLAS among them); CuPy 14 ships none of its own."""
-INSTALL_HINT = f"the cublas backend needs CuPy with cuBLAS ({CUPY_INSTALL}) and a CUDA GPU"
+INSTALL_HINT = f"the cublas backend needs CuPy with cuBLAS ({CUBLAS_INSTALL}) and a CUDA GPU"
 DTYPES = tuple(np.dtype(d) for d in GPU_DTYPES)
 PRECISIONS = ("fp32", "tf32")
 """cuBLAS's float32 gemm on FP32 units, or on tensor cores in TF32 (the handle's math mode);

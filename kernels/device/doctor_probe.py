@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from kernels.constants import CUDA_INSTALL
+from kernels.constants import CUBLAS_INSTALL, CUDA_INSTALL
 
 ODD = (257, 271, 263)
 """m, k, n of the correctness products: ragged against every tile size."""
@@ -123,7 +123,7 @@ def bandwidth(cuda: Any, nbytes: int = 256 << 20) -> tuple[list[dict[str, str]],
 
 def speed_and_figures() -> list[dict[str, str]]:
     """Our kernel's rate (the worker's calibration, saved for the planner) against cuBLAS."""
-    from kernels.cuda.cublas import CUPY_INSTALL, CublasUnavailableError, load_cupy
+    from kernels.cuda.cublas import CublasUnavailableError, load_cupy
     from kernels.device.figures import store_path
     from kernels.device.rates import worker_device_figures
 
@@ -150,7 +150,7 @@ def speed_and_figures() -> list[dict[str, str]]:
             )
         )
     except CublasUnavailableError as e:
-        out.append(check("cublas", "warn", e.reason, CUPY_INSTALL))
+        out.append(check("cublas", "warn", e.reason, CUBLAS_INSTALL))
     out.append(check("figures", "pass", f"saved for the planner in {store_path()}"))
     return out
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from kernels.backends import make_accumulator, probe_devices
+from kernels.constants import CUBLAS_INSTALL
 from kernels.cuda.cublas import (
-    CUPY_INSTALL,
     CublasAccumulator,
     CublasUnavailableError,
     cublas_available,
@@ -96,7 +96,7 @@ def test_cli_cublas_without_cupy_exits_2_with_the_fix(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     (line,) = error_lines(done.stderr)
-    assert CUPY_INSTALL in line and "1 of 1 worker(s)" in line
+    assert CUBLAS_INSTALL in line and "1 of 1 worker(s)" in line
     assert "Traceback" not in done.stderr
 
 
@@ -107,13 +107,13 @@ def test_cupy_without_cublas_is_unavailable_and_names_the_ctk_extra(
     monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
     with pytest.raises(CublasUnavailableError, match=r"finds no cuBLAS .*\[ctk\]") as caught:
         load_cupy()
-    assert CUPY_INSTALL in str(caught.value)
+    assert CUBLAS_INSTALL in str(caught.value)
     assert cublas_available() is False
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/cluster.md"])
 def test_the_documented_install_is_the_one_the_errors_name(doc: str) -> None:
-    assert CUPY_INSTALL.removeprefix("pip install ") in (REPO / doc).read_text()
+    assert CUBLAS_INSTALL.removeprefix("pip install ") in (REPO / doc).read_text()
     assert "`pip install cupy-cuda13x`" not in (REPO / doc).read_text()
 
 
