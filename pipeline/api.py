@@ -33,7 +33,7 @@ from pipeline.options.product import (
     for_python,
     takes_options,
 )
-from pipeline.plan.layout import dimension_names
+from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
 from pipeline.store import coordinates, groups, inputs
@@ -154,9 +154,8 @@ def _validated(
     plan = plan_for(a_spec, b_spec, options, state, None, backend, transposed=t, symmetric=sym)
     check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
     a_names, b_names = (_names(x, t) for x, t in zip(arrays, store.transposed, strict=True))
-    dims = dimension_names(
-        a_names, b_names, unnamed=groups.unnamed_dimensions(store.out_url, store.storage_options)
-    )
+    unnamed = groups.group_dimensions(store.out_url, store.storage_options)
+    dims = dimension_names(a_names, b_names, unnamed=unnamed or DEFAULT_DIMENSIONS)
     digest = metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)

@@ -52,10 +52,8 @@ def write_random(
     state = output.state()  # refuses a foreign OUT, whatever the flags
     if state is not None and not overwrite:
         raise OutputExistsError(f"{url} already exists; pass --overwrite to replace it")
-    # Named in a group only: xarray opens a group's arrays by their names (none for a
-    # standalone array, as before).
-    names = groups.unnamed_dimensions(url, output.storage_options)
-    in_group = groups.in_group(url, output.storage_options)
+    # Dimension names in a group only: xarray opens a group's arrays by them.
+    names = groups.group_dimensions(url, output.storage_options)
     with output.claim(state, overwrite=overwrite, resume=False):
         if state is not None:
             output.remove_ours()
@@ -67,7 +65,7 @@ def write_random(
             dtype=dt,
             zarr_format=3,
             attributes=OutRecord(seed=int(seed)).attributes(),
-            dimension_names=names if in_group else None,
+            dimension_names=names,
             **options,
         )
         _fill(array, shape, chunks, dt, seed)

@@ -63,12 +63,12 @@ def in_group(url: str, storage_options: dict[str, Any]) -> bool:
     return bool(enclosing_groups(url, storage_options))
 
 
-def unnamed_dimensions(url: str, storage_options: dict[str, Any]) -> tuple[str, str]:
-    """OUT's dimension names where its operands have none: i and j, or inside a group, named
-    after OUT (``C_i``, ``C_j``): xarray opens a group only where each name has one length,
-    and arrays of other shapes may share it."""
+def group_dimensions(url: str, storage_options: dict[str, Any]) -> tuple[str, str] | None:
+    """Dimension names for an array without its own, inside a group: named after the array
+    (``C_i``, ``C_j``), since xarray opens a group only where each name has one length and
+    arrays of other shapes may share it; None outside a group."""
     if not in_group(url, storage_options):
-        return DEFAULT_DIMENSIONS
+        return None
     name = url.rstrip("/").rsplit("/", 1)[-1]
     return (f"{name}_{DEFAULT_DIMENSIONS[0]}", f"{name}_{DEFAULT_DIMENSIONS[1]}")
 
