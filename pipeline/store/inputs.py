@@ -9,6 +9,7 @@ import json
 import os
 import struct
 import zipfile
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -182,23 +183,24 @@ def worker_array(url: str, storage_options: dict[str, Any], token: str) -> Any:
     """Worker side: an input's read-only handle, cached per process and job ``token``, its
     decodes and stored objects bounded as ``open_input``'s; one the worker cannot find or may
     not read is an InputUnreachableError."""
-    try:
-        array = cached_array(url, storage_options, token)
-    except OSError as e:
-        found = unreachable(e, url)
-        if found is None:
-            raise
-    else:
-        return bounded(array)
-    raise found  # outside the handler: zarr's errors, in its chain, would not unpickle
+    opened = _on_worker(lambda: cached_array(url, storage_options, token), OSError, url)
+    return bounded(opened)
 
 
 def open_on_worker(url: str, storage_options: dict[str, Any] | None, name: str) -> Any:
     """``open_input`` in a task: an input the worker cannot find or may not read (this
     machine opened it before the job) is an InputUnreachableError naming the worker."""
+    return _on_worker(lambda: open_input(url, storage_options, name), PipelineError, url, name)
+
+
+def _on_worker(
+    opening: Callable[[], Any], errors: type[Exception], url: str, name: str = ""
+) -> Any:
+    """``opening()``, its ``errors`` that say the worker cannot reach ``url`` raised as an
+    InputUnreachableError."""
     try:
-        return open_input(url, storage_options, name)
-    except PipelineError as e:
+        return opening()
+    except errors as e:
         found = unreachable(e, url, name)
         if found is None:
             raise
