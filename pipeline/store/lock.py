@@ -233,6 +233,13 @@ def _holder() -> dict[str, Any]:
 
 
 def _busy(url: str, holder: dict[str, Any]) -> UnsafeOutputError:
+    if holder.get("pid") is None:
+        return UnsafeOutputError(
+            f"OUT ({url}) is locked, but its {LOCK_NAME} names no job (its holder has not "
+            "written its name yet, or it was cut short by a crash or by jobs writing it at once "
+            f"on a store without atomic writes); if no job is writing OUT, delete "
+            f"{url.rstrip('/')}/{LOCK_NAME} and rerun"
+        )
     if holder.get("host") not in (socket.gethostname(), None, "unknown"):
         return UnsafeOutputError(
             f"OUT ({url}) is locked by a job ({_who(holder)}) on another host, which can't be "

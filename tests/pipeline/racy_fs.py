@@ -3,12 +3,15 @@
 ``racy://PATH`` is the local disk, except that ``pipe_file(mode="create")`` checks, then writes,
 as fsspec does for stores with no ``If-None-Match`` -- with the gap between the two widened, and
 every read slowed by as much, so jobs started together all pass the check, all write, and only
-then read back. ``register()`` in each process that opens such a URL.
+then read back. Each write replaces the whole file at once, as an object store's put does: the
+race is in the check, not in torn objects. ``register()`` in each process that opens such a URL.
 """
 
 from __future__ import annotations
 
+import os
 import time
+import uuid
 from typing import Any
 
 import fsspec
@@ -25,8 +28,11 @@ class RacyFileSystem(LocalFileSystem):
         if mode == "create" and self.exists(path):
             raise FileExistsError(path)
         time.sleep(GAP)
-        with self.open(path, "wb") as f:
+        local = self._strip_protocol(path)
+        staged = f"{local}.{uuid.uuid4().hex}.put"
+        with open(staged, "wb") as f:
             f.write(value)
+        os.replace(staged, local)
 
     def cat_file(self, path: str, start: Any = None, end: Any = None, **kwargs: Any) -> Any:
         time.sleep(GAP)

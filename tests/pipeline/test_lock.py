@@ -27,6 +27,7 @@ from pipeline.store import lock
 from pipeline.store.record import of_array
 from tests.child_env import child_env
 from tests.helpers import assert_product, random_matrix, run_cli, write_array
+from tests.pipeline import racy_fs
 
 HOLD = textwrap.dedent(
     """
@@ -290,6 +291,22 @@ def test_jobs_racing_on_a_store_without_conditional_writes(tmp_path: Path) -> No
         assert not (out / "lock.json").exists(), "the winner released it"
 
 
+def test_lock_record_naming_no_job_says_how_to_clear_it(tmp_path: Path) -> None:
+    """A lock.json cut short (a crash, or two jobs writing it at once on a store without atomic
+    writes) is refused, never taken over, and the refusal says how to clear it."""
+    racy_fs.register()
+    out = tmp_path / "c.zarr"
+    out.mkdir()
+    torn = json.dumps({"pid": 1, "host": socket.gethostname(), "token": "ab" * 16})[:-9]
+    (out / "lock.json").write_text(torn)
+    with pytest.raises(UnsafeOutputError) as refused:
+        lock.acquire(f"racy://{out}", {})
+    message = str(refused.value)
+    assert "names no job" in message and "pid None" not in message, message
+    assert message.endswith(f"delete racy://{out}/lock.json and rerun"), message
+    assert (out / "lock.json").read_text() == torn, "a lock naming no job is never replaced"
+
+
 @pytest.mark.parametrize(
     ("started_offset", "taken_over"),
     [
@@ -302,8 +319,6 @@ def test_object_store_lock_tells_a_reused_pid_from_its_holder(
 ) -> None:
     """On a store without flock the lock names its holder by pid and start time: a live
     process with the holder's pid that started at another time is not the holder."""
-    from tests.pipeline import racy_fs
-
     racy_fs.register()
     out = tmp_path / "c.zarr"
     out.mkdir()
@@ -327,8 +342,6 @@ def test_object_store_lock_tells_a_reused_pid_from_its_holder(
 def test_object_store_lock_of_another_host_is_refused_with_the_way_out(tmp_path: Path) -> None:
     """A holder on another host can't be checked from here: refused, naming the file to delete
     if that job is gone (never taken over, whatever its pid means here)."""
-    from tests.pipeline import racy_fs
-
     racy_fs.register()
     out = tmp_path / "c.zarr"
     out.mkdir()
