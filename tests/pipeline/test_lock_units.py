@@ -127,7 +127,13 @@ def took_over(caplog: pytest.LogCaptureFixture, out: Path, held: Any, pid: int) 
 
 
 def busy(url: str, pid: object, host: object, started: float) -> str:
-    """The refusal's words (as a regex) for a holder on this host."""
+    """The refusal's words (as a regex) for a holder on this host; for a lock record naming no
+    job (no pid), the words that say how to clear it."""
+    if pid is None:
+        return (
+            rf"^OUT \({url}\) is locked, but its lock.json names no job \(.*\); if no job is "
+            rf"writing OUT, delete {url}/lock.json and rerun$"
+        )
     return (
         rf"^OUT \({url}\) is being written by another job \(pid {pid} on {host} since "
         rf"{since(started)}\); wait for it to finish or stop it, then rerun with --resume$"
