@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import InputError, PipelineError
-from pipeline.store import inputs
+from pipeline.store import groups, inputs
 from pipeline.store.fs import local_path
 
 log = logging.getLogger("pipeline")
@@ -99,12 +99,10 @@ def sibling(url: str, name: str) -> str | None:
         protocol, inner = head.split("://", 1)
         parent, _, _ = inner.rstrip("/").rpartition("/")
         return f"{protocol}://{parent + '/' if parent else ''}{name}::{tail}"
-    local = local_path(url)
-    if local is not None:
-        return os.path.join(os.path.dirname(os.path.abspath(local)), name)
-    protocol, rest = url.split("://", 1)
-    parent, _, _ = rest.rstrip("/").rpartition("/")
-    return f"{protocol}://{parent}/{name}" if parent else None
+    holder = groups.parent(url)
+    if holder is None:
+        return None
+    return os.path.join(holder, name) if local_path(url) is not None else f"{holder}/{name}"
 
 
 def _compare(a: Coordinate, b: Coordinate) -> None:

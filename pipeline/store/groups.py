@@ -146,6 +146,12 @@ def _quiet() -> Iterator[None]:
         yield
 
 
+def parent(url: str) -> str | None:
+    """The folder or URL holding ``url`` (``s3://b/ds.zarr/X`` -> ``s3://b/ds.zarr``); None
+    at a root."""
+    return next(_parents(url), None)
+
+
 def _parents(url: str) -> Iterator[str]:
     """``s3://b/ds.zarr/sub/C`` -> ``s3://b/ds.zarr/sub``, ``s3://b/ds.zarr``, ``s3://b``."""
     local = local_path(url)
