@@ -93,7 +93,7 @@ bench-gpu: venv
 	$(PY) -m benchmarks.gpu_feed $(FEED_DATA)/feed-a.zarr $(FEED_DATA)/feed-b.zarr --real
 	$(PY) -m benchmarks.gpu_kernels
 
-# A GPU machine's first-contact table in one command, under 8 minutes: summary.md and logs in
+# A GPU machine's first-contact table in one command, under 9½ minutes: summary.md and logs in
 # GPU_OUT (benchmarks/gpu_session.py). No venv is built: without one, python3 with the carried
 # wheels on PYTHONPATH (README.md, "On a GPU machine without a package index").
 GPU_PY ?= $(if $(wildcard $(PY)),$(PY),python3)

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels.cuda.host import exit_skipping_teardown
 from pipeline.cli.main import Parser, positive_int
 
 RESULTS = Path(__file__).parent / "results"
@@ -257,4 +258,4 @@ def _sizes(text: str) -> tuple[int, ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_skipping_teardown(main())

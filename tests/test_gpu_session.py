@@ -79,10 +79,10 @@ def test_without_a_gpu_every_step_is_skipped_in_seconds(tmp_path: Path) -> None:
 # --- the plan for a GPU machine ---------------------------------------------------------------
 
 
-def test_the_plan_fits_eight_minutes_in_at_most_eight_files() -> None:
+def test_the_plan_fits_one_device_call_in_at_most_eight_files() -> None:
     steps = plan_steps("python3", Path("/scratch"), Probes())
     assert [s.name for s in steps] == STEPS
-    assert sum(s.timeout_s for s in steps) <= BUDGET_S <= 8 * 60 - 10
+    assert sum(s.timeout_s for s in steps) <= BUDGET_S <= 9.5 * 60 - 20
     assert len({s.log for s in steps}) + 1 <= 8  # the logs and summary.md
     words = [word for s in steps for c in s.commands for word in c]
     assert all(w.startswith("/scratch/") for w in words if w.endswith((".zarr", ".md"))), words

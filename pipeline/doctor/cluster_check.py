@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from kernels.cuda.host import exit_skipping_teardown
+
 SHAPE = (256, 192, 160)
 """m, k, n of the product: ragged against the kernel tiles, seconds on a GPU."""
 
@@ -56,3 +58,4 @@ def cluster_multiply(shape: tuple[int, int, int] = SHAPE) -> dict[str, str]:
 
 if __name__ == "__main__":
     print(json.dumps([cluster_multiply()]))
+    exit_skipping_teardown(0)

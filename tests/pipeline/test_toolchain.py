@@ -7,7 +7,6 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
-import anndata as ad
 import dask.array
 import numpy as np
 import pytest
@@ -17,6 +16,8 @@ from distributed import Client
 
 import pipeline
 from tests.helpers import assert_product, run_cli
+
+ad = pytest.importorskip("anndata")
 
 
 def opened(path: Path | str, **kwargs: object) -> xr.Dataset:
