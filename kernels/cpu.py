@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels import exact
 from kernels.memory.zeroed import zeros
 from kernels.panels import band_rows
 
@@ -153,6 +154,30 @@ def blas_layout(x: NDArray[Any]) -> tuple[int, int] | None:
     return None
 
 
+def blas_product(
+    a: NDArray[Any], b: NDArray[Any], out: NDArray[Any], upper: bool, beta: float
+) -> None:
+    """out = a @ b + beta·out with one BLAS call of out's dtype (``upper``, for a square block:
+    ?syrk, its upper triangle only); numpy's matmul where no BLAS call reads the operands."""
+    gemm, la, lb = cblas_gemm(out.dtype.name), blas_layout(a), blas_layout(b)
+    if gemm is None or la is None or lb is None:  # integers, complex, no OpenBLAS
+        with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: verify checks
+            if beta:
+                out += a @ b
+            else:
+                np.matmul(a, b, out=out)
+        return
+    (h, k), w, ld = a.shape, b.shape[1], out.strides[0] // out.itemsize
+    syrk = cblas_syrk(out.dtype.name) if upper and h == w else None
+    if syrk is not None:
+        syrk(ROW_MAJOR, UPPER, la[0], h, k, 1.0, a.ctypes.data, la[1], beta, out.ctypes.data, ld)
+        return
+    gemm(
+        ROW_MAJOR, la[0], lb[0], h, w, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
+        beta, out.ctypes.data, ld,
+    )  # fmt: skip
+
+
 @functools.cache
 def single_threaded_blas() -> None:
     """One BLAS thread per call, for good, in this process (a worker's tasks are its threads).
@@ -188,8 +213,6 @@ class CpuAccumulator:
             (max(block[0], 1), max(block[1], 1)) if block else (max(shape[0], 1), max(shape[1], 1))
         )
         self.upper = upper
-        self._gemm = cblas_gemm(self.acc.dtype.name)
-        self._syrk = cblas_syrk(self.acc.dtype.name) if upper else None
         single_threaded_blas()
 
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
@@ -201,14 +224,19 @@ class CpuAccumulator:
         acc = self.acc[r0:r1]
         if a.shape[1] == 0 or acc.size == 0:
             return
-        a, b = (x if x.dtype == acc.dtype else x.astype(acc.dtype) for x in (a, b))
+        a, b, exact_plan = self._exact_operands(a, b)
+        if exact_plan is None:
+            a, b = (x if x.dtype == acc.dtype else x.astype(acc.dtype) for x in (a, b))
         (m, k), n = a.shape, b.shape[1]
         if (m, n) != acc.shape or b.shape[0] != k:
             raise ValueError(f"panels {a.shape} @ {b.shape} don't fit accumulator rows {acc.shape}")
         (bm, bn) = self.block
+        block = self._block
+        if exact_plan is not None:
+            block = functools.partial(self._exact_block, exact_plan)
         calls = [
             functools.partial(
-                self._block, a[i : i + h], b[:, j : j + w], acc[i : i + h, j : j + w], r0 + i == j
+                block, a[i : i + h], b[:, j : j + w], acc[i : i + h, j : j + w], r0 + i == j
             )
             for i in range(0, m, bm)
             for j in range(0, n, bn)
@@ -217,23 +245,53 @@ class CpuAccumulator:
         ]
         _run_all(calls)
 
+    def _exact_operands(
+        self, a: NDArray[Any], b: NDArray[Any]
+    ) -> tuple[NDArray[Any], NDArray[Any], tuple[str, int] | None]:
+        """Into an integer accumulator: the panels as the float that holds their integers
+        exactly (kernels.exact; float panels are taken to hold integers) and the product's
+        (float dtype, K block), ("", 0) where only an integer product is exact. Else the
+        panels as given and None."""
+        if not exact.is_integer(self.acc.dtype):
+            return a, b, None
+        if exact.is_integer(a.dtype) and exact.is_integer(b.dtype):
+            dtype = exact.panel_dtype(a.dtype, b.dtype, self.acc.dtype)
+            if exact.is_integer(dtype):
+                return a, b, None
+        else:
+            dtype = np.result_type(*(x.dtype for x in (a, b) if not exact.is_integer(x.dtype))).name
+        a, b = (x.astype(dtype, copy=False) for x in (a, b))
+        plan = exact.plan_blocks(a, b) or ("", 0)
+        if plan[0] and plan[0] != dtype:  # once here, not once per output block
+            a, b = (x.astype(plan[0]) for x in (a, b))
+        return a, b, plan
+
     def _block(self, a: NDArray[Any], b: NDArray[Any], out: NDArray[Any], diagonal: bool) -> None:
         """out += a @ b with one BLAS call (?syrk on an upper tile's diagonal block)."""
-        la, lb = blas_layout(a), blas_layout(b)
-        if self._gemm is None or la is None or lb is None:  # integers, complex, no OpenBLAS
-            with np.errstate(invalid="ignore", over="ignore"):  # NaN/inf: verify checks
-                out += a @ b
+        blas_product(a, b, out, diagonal and self.upper, beta=1.0)
+
+    def _exact_block(
+        self,
+        plan: tuple[str, int],
+        a: NDArray[Any],
+        b: NDArray[Any],
+        out: NDArray[Any],
+        diagonal: bool,
+    ) -> None:
+        """out += a @ b for an integer ``out`` and integer-valued float panels: a float product
+        per K block short enough to be exact (``plan``), each added into ``out`` exactly."""
+        dtype, step = plan
+        if not dtype:  # values beyond what float64 multiplies exactly: numpy's integer product
+            out += a.astype(out.dtype) @ b.astype(out.dtype)
             return
-        (h, k), w, ld = a.shape, b.shape[1], out.strides[0] // out.itemsize
-        if diagonal and self._syrk is not None and h == w:
-            self._syrk(
-                ROW_MAJOR, UPPER, la[0], h, k, 1.0, a.ctypes.data, la[1], 1.0, out.ctypes.data, ld
-            )
-            return
-        self._gemm(
-            ROW_MAJOR, la[0], lb[0], h, w, k, 1.0, a.ctypes.data, la[1], b.ctypes.data, lb[1],
-            1.0, out.ctypes.data, ld,
-        )  # fmt: skip
+        part = np.zeros(out.shape, dtype)  # ?syrk writes the upper triangle only: keep 0 below
+        for k0 in range(0, a.shape[1], step):
+            ak, bk = a[:, k0 : k0 + step], b[k0 : k0 + step]
+            blas_product(ak, bk, part, diagonal and self.upper, beta=0.0)
+            if out.dtype == np.bool_:
+                out |= part != 0
+            else:
+                np.add(out, part, out=out, casting="unsafe")  # integer-valued: converts exactly
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         r0, r1 = band_rows(rows, self.acc.shape[0])

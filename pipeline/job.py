@@ -280,6 +280,7 @@ class MatmulJob:
             overlap=settings.get("gpu-overlap"),
             read_concurrency=self._read_concurrency(spec.make_device is not None),
             precision=plan.precision,
+            panel_dtype=plan.panel_dtype,
             options=self.options,
         )
 

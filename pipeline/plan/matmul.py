@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels import exact
 from pipeline.plan.costs import CostModel
 from pipeline.plan.device_model import DeviceModel
 from pipeline.plan.memory import WORKER_OVERHEAD_BYTES
@@ -29,7 +30,8 @@ class MatmulPlan:
     b: ArraySpec
     out: ArraySpec
     compute_dtype: str
-    """dtype of the accumulator and of the panels given to the kernel."""
+    """dtype of the accumulator, and of the panels given to the kernel but for integers
+    (``panel_dtype``)."""
     tile_shape: tuple[int, int]
     """Rows and columns of a full tile, in elements (whole output chunks, or shards)."""
     k_panels: KPanels
@@ -73,6 +75,12 @@ class MatmulPlan:
     precision: str = "fp32"
     """The kernel's arithmetic (kernels.backends.PRECISIONS): fp32, or TF32 / 3xTF32 tensor
     cores; stated by --dry-run, fingerprinted, recorded in OUT (the rates stay fp32's)."""
+
+    @property
+    def panel_dtype(self) -> str:
+        """The dtype panels are read in: the accumulator's, or for integers the float that
+        multiplies them exactly through BLAS (kernels.exact)."""
+        return exact.panel_dtype(self.a.dtype, self.b.dtype, self.compute_dtype)
 
     @property
     def panel_width(self) -> int:
@@ -230,9 +238,11 @@ def cpu_work(plan: MatmulPlan) -> Work:
     out_chunks = ceil_div(m, om) * ceil_div(n, on)
     out_objects = ceil_div(m, outer[0]) * ceil_div(n, outer[1])
     acc = plan.flops / max(2 * k, 1) * np.dtype(plan.compute_dtype).itemsize  # a Gram's half
+    product = exact.product_dtype(plan.a.dtype, plan.b.dtype, plan.compute_dtype)
     return Work(
         flops=plan.flops,
-        compute_itemsize=np.dtype(plan.compute_dtype).itemsize,
+        compute_itemsize=np.dtype(product).itemsize,
+        integer_product=exact.is_integer(product),
         read_chunks=passes * (a_chunks + b_chunks),
         read_bytes=passes * decoded,
         out_chunks=out_chunks,

@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 from pipeline.plan.costs import CostModel
 
+INTEGER_SLOWDOWN = 60.0
+"""How much slower numpy's integer matmul (it has no BLAS) is than float32 BLAS on one core,
+about (benchmarks/results/integers.md)."""
 INPUT = ("read", "decode")
 OUTPUT = ("encode", "write")
 
@@ -41,11 +44,16 @@ class Work:
     """Accumulator bytes passed over by BLAS: every tile once per K panel."""
     allocated_bytes: float = 0.0
     """Accumulator bytes allocated and copied out: every task's tile once."""
+    integer_product: bool = False
+    """The product is numpy's integer matmul (64-bit integers, beyond what a float multiplies
+    exactly), about INTEGER_SLOWDOWN times slower than BLAS."""
 
 
 def resource_seconds(work: Work, costs: CostModel) -> dict[str, float]:
     """Thread-seconds of each resource over the whole job, at ``costs``."""
     rate = costs.flops_per_second * 4 / max(work.compute_itemsize, 4)
+    if work.integer_product:
+        rate /= INTEGER_SLOWDOWN
     encode = costs.encode_compressed if work.compressed else costs.encode
     return {
         "read": costs.read.seconds(work.read_chunks, work.read_bytes),

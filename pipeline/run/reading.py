@@ -63,7 +63,7 @@ def read_panel(
     clock: PhaseTimes,
     out: NDArray[Any] | None = None,
 ) -> tuple[NDArray[Any], int]:
-    """(panel ``[rows, cols]`` of op(``array``) in the compute dtype, stored bytes decoded
+    """(panel ``[rows, cols]`` of op(``array``) in the task's read dtype, stored bytes decoded
     here; 0 when another task of this worker decoded it). ``which``: "A" or "B"; ``spec``: the
     task's TaskSpec. An operand read transposed is decoded as stored (``[cols, rows]``) and
     handed out as its transposed view, which BLAS reads in place; into ``out`` (the staged
@@ -80,8 +80,8 @@ def read_panel(
         # CPU: the chunks' decoding is charged where it runs; this thread's rest is copying
         with clock.measure("decode"), LEDGER.measure("copy"):
             if into is None:
-                into = owned_array(host_pool(spec.buffer_bytes), shape, spec.compute_dtype)
-            return inputs.read_block(array, *at, spec.compute_dtype, which, url, into)
+                into = owned_array(host_pool(spec.buffer_bytes), shape, spec.read_dtype)
+            return inputs.read_block(array, *at, spec.read_dtype, which, url, into)
 
     def used(panel: NDArray[Any]) -> NDArray[Any]:
         return panel.T if flip else panel
@@ -93,7 +93,7 @@ def read_panel(
         panel = decode()
     else:
         # A Gram product reads X as both operands: a panel decoded for one serves the other.
-        key = (spec.run_id, url, *at, spec.compute_dtype, "X" if spec.store.symmetric else which)
+        key = (spec.run_id, url, *at, spec.read_dtype, "X" if spec.store.symmetric else which)
         panel, mine = CACHE.get(key, decode, uses)
         stored = stored if mine else 0
         if out is None:

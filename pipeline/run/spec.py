@@ -18,6 +18,7 @@ class TaskSpec:
     backend: str
     """A name in kernels.backends (already resolved from "auto")."""
     compute_dtype: str
+    """The accumulator's dtype."""
     out_dtype: str
     fingerprint: str
     """The plan's fingerprint, written into journal entries."""
@@ -46,6 +47,8 @@ class TaskSpec:
     baseline that measures what the overlap buys; config ``tilegemm.gpu-overlap``)."""
     precision: str = "fp32"
     """The kernel's arithmetic (kernels.backends.PRECISIONS), already checked for the backend."""
+    panel_dtype: str = ""
+    """The dtype panels are read in (MatmulPlan.panel_dtype); "": the compute dtype."""
     options: JobOptions = field(default_factory=JobOptions)
     """What the caller asked, every option as checked: a task reads the options it acts on
     here (``spec.options.gpu_decode``, ``.alpha``, ``.accumulate``, ``.progress``, ...), so an
@@ -56,6 +59,11 @@ class TaskSpec:
     lock_token: str = ""
     """The token of the lock the job holds on OUT (or C): a task writes a band only while the
     lock still carries it, so a newer job's claim stops an older job's stragglers."""
+
+    @property
+    def read_dtype(self) -> str:
+        """The dtype panels are decoded into."""
+        return self.panel_dtype or self.compute_dtype
 
     @property
     def staged(self) -> bool:
