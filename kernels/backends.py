@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from numpy.typing import NDArray
 
+from kernels import exact
 from kernels.constants import CPU_GEMM_BLOCK, CUBLAS_INSTALL, CUDA_INSTALL
 from kernels.constants import GPU_DTYPES as GPU_DTYPES
 
@@ -80,9 +81,16 @@ class BackendSpec:
     """``packages`` in words, for the error that says they are missing."""
     install: str = ""
     """The command that installs ``packages`` (the extra that brings them)."""
+    exact_integers: bool = False
+    """Also integer (and bool) accumulators whose panels are read as one of ``dtypes``: exact
+    float blocks, each added into the integer accumulator (kernels.exact)."""
 
-    def takes(self, dtype: str) -> bool:
-        return self.dtypes is None or dtype in self.dtypes
+    def takes(self, dtype: str, panel_dtype: str = "") -> bool:
+        """Computes into a ``dtype`` accumulator from panels read in ``panel_dtype`` (the
+        plan's; "": ``dtype``)."""
+        if self.dtypes is None or dtype in self.dtypes:
+            return True
+        return self.exact_integers and exact.is_integer(dtype) and panel_dtype in self.dtypes
 
 
 def _cpu_accumulator(
@@ -170,6 +178,7 @@ BACKENDS: dict[str, BackendSpec] = {
             packages=("numba", "numba_cuda"),
             packages_name="the CUDA packages",
             install=CUDA_INSTALL,
+            exact_integers=True,
         ),
         BackendSpec("cpu", None, "cpu", CPU_GEMM_BLOCK, lambda: True, _cpu_accumulator, "", ""),
         BackendSpec(
@@ -186,6 +195,7 @@ BACKENDS: dict[str, BackendSpec] = {
             packages=("cupy",),
             packages_name="CuPy with cuBLAS",
             install=CUBLAS_INSTALL,
+            exact_integers=True,
         ),
         BackendSpec(
             "emulated",
@@ -227,7 +237,9 @@ def get_backend(name: str) -> BackendSpec:
 
 def check_precision(backend: str, dtype: str, precision: str) -> None:
     """ValueError (one line: what, the numbers, the fix) unless ``backend`` computes ``dtype``
-    at ``precision``. The cpu backend refuses tf32 and 3xtf32 rather than emulating them."""
+    at ``precision``. The cpu backend refuses tf32 and 3xtf32 rather than emulating them. An
+    integer product stays exact at any precision: the tensor-core kernel multiplies the K
+    blocks whose values TF32 holds (int8, uint8, bool data), the fp32 one the others."""
     if precision not in PRECISIONS:
         raise ValueError(f"unknown precision {precision!r}; choose {', '.join(PRECISIONS)}")
     if precision == "fp32":
@@ -240,6 +252,8 @@ def check_precision(backend: str, dtype: str, precision: str) -> None:
             f"{' or '.join(n for n, s in BACKENDS.items() if precision in s.precisions)} "
             "(a GPU), or --precision fp32"
         )
+    if exact.is_integer(dtype) and spec.exact_integers:
+        return  # tensor cores on the blocks whose values they multiply exactly (<= 2**11)
     if dtype != "float32":
         raise ValueError(
             f"--precision {precision} rounds float32 inputs for tensor cores; the product "

@@ -248,23 +248,11 @@ class CpuAccumulator:
     def _exact_operands(
         self, a: NDArray[Any], b: NDArray[Any]
     ) -> tuple[NDArray[Any], NDArray[Any], tuple[str, int] | None]:
-        """Into an integer accumulator: the panels as the float that holds their integers
-        exactly (kernels.exact; float panels are taken to hold integers) and the product's
-        (float dtype, K block), ("", 0) where only an integer product is exact. Else the
-        panels as given and None."""
+        """Into an integer accumulator: the panels as the float of their exact blocks, and the
+        blocks (kernels.exact.operands). Else the panels as given and None."""
         if not exact.is_integer(self.acc.dtype):
             return a, b, None
-        if exact.is_integer(a.dtype) and exact.is_integer(b.dtype):
-            dtype = exact.panel_dtype(a.dtype, b.dtype, self.acc.dtype)
-            if exact.is_integer(dtype):
-                return a, b, None
-        else:
-            dtype = np.result_type(*(x.dtype for x in (a, b) if not exact.is_integer(x.dtype))).name
-        a, b = (x.astype(dtype, copy=False) for x in (a, b))
-        plan = exact.plan_blocks(a, b) or ("", 0)
-        if plan[0] and plan[0] != dtype:  # once here, not once per output block
-            a, b = (x.astype(plan[0]) for x in (a, b))
-        return a, b, plan
+        return exact.operands(a, b, self.acc.dtype)
 
     def _block(self, a: NDArray[Any], b: NDArray[Any], out: NDArray[Any], diagonal: bool) -> None:
         """out += a @ b with one BLAS call (?syrk on an upper tile's diagonal block)."""
@@ -291,7 +279,7 @@ class CpuAccumulator:
             if out.dtype == np.bool_:
                 out |= part != 0
             else:
-                np.add(out, part, out=out, casting="unsafe")  # integer-valued: converts exactly
+                out += part.astype(out.dtype)  # whole numbers in range: converted exactly
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         r0, r1 = band_rows(rows, self.acc.shape[0])

@@ -57,9 +57,9 @@ def product_dtype(a_dtype: Any, b_dtype: Any, acc_dtype: Any) -> str:
     the panels' float, float64 where float32 blocks would be too short for values spanning the
     dtypes, or the accumulator's integer dtype (numpy's integer product, no BLAS)."""
     panels = panel_dtype(a_dtype, b_dtype, acc_dtype)
-    if panels != str(np.dtype(acc_dtype)) and panels == "float32":
-        if k_block("float32", magnitude(a_dtype), magnitude(b_dtype)) < MIN_FLOAT32_BLOCK:
-            return "float64"
+    exact = panels == "float32" and is_integer(acc_dtype)
+    if exact and k_block(panels, magnitude(a_dtype), magnitude(b_dtype)) < MIN_FLOAT32_BLOCK:
+        return "float64"
     return panels
 
 
@@ -79,14 +79,38 @@ def largest(x: NDArray[Any]) -> int:
     return int(max(abs(float(x.max())), abs(float(x.min()))))
 
 
-def plan_blocks(a: NDArray[Any], b: NDArray[Any]) -> tuple[str, int] | None:
-    """(float dtype, K block) for the exact product of integer-valued float panels ``a @ b``:
-    float32 where blocks of at least MIN_FLOAT32_BLOCK stay exact, else float64; None where
-    not even float64 holds one product (then only an integer product is exact)."""
-    a_max, b_max = largest(a), largest(b)
-    if a.dtype == np.float32 or b.dtype == np.float32:
+def blocks(panel: Any, a_max: int, b_max: int, k: int) -> tuple[str, int]:
+    """(float dtype, K block) for the exact product of panels of the float ``panel`` holding
+    integers of at most ``a_max`` and ``b_max`` over ``k``: float32 where blocks of at least
+    MIN_FLOAT32_BLOCK stay exact, else float64; ("", 0) where not even float64 holds one
+    product (then only an integer product is exact)."""
+    if np.dtype(panel) == np.float32:
         k32 = k_block("float32", a_max, b_max)
-        if k32 >= min(MIN_FLOAT32_BLOCK, a.shape[1]):
+        if k32 >= min(MIN_FLOAT32_BLOCK, k):
             return "float32", k32
     k64 = k_block("float64", a_max, b_max)
-    return ("float64", k64) if k64 >= 1 else None
+    return ("float64", k64) if k64 >= 1 else ("", 0)
+
+
+def plan_blocks(a: NDArray[Any], b: NDArray[Any]) -> tuple[str, int] | None:
+    """``blocks`` for integer-valued float panels ``a @ b``; None for ("", 0)."""
+    panel = "float32" if np.float32 in (a.dtype, b.dtype) else "float64"
+    found = blocks(panel, largest(a), largest(b), a.shape[1])
+    return found if found[0] else None
+
+
+def operands(
+    a: NDArray[Any], b: NDArray[Any], acc_dtype: Any
+) -> tuple[NDArray[Any], NDArray[Any], tuple[str, int]]:
+    """Panels into an integer accumulator as the float their exact blocks multiply in, and the
+    blocks (``blocks``); integer panels are read as ``panel_dtype`` says (64-bit ones tried in
+    float64: their values may be small), float ones are taken to hold integers. Where no
+    float holds a product: the panels in ``acc_dtype`` and ("", 0)."""
+    if is_integer(a.dtype) and is_integer(b.dtype):
+        dtype = panel_dtype(a.dtype, b.dtype, acc_dtype)
+        dtype = "float64" if is_integer(dtype) else dtype
+    else:
+        dtype = np.result_type(*(x.dtype for x in (a, b) if not is_integer(x.dtype))).name
+    found = blocks(dtype, largest(a), largest(b), a.shape[1])
+    into = found[0] or np.dtype(acc_dtype)
+    return a.astype(into, copy=False), b.astype(into, copy=False), found

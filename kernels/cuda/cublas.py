@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels import exact
 from kernels.constants import CUBLAS_INSTALL, GPU_DTYPES, MAX_DIM
+from kernels.cuda import integer
 from kernels.panels import band_rows, check_panels
 
 INSTALL_HINT = f"the cublas backend needs CuPy with cuBLAS ({CUBLAS_INSTALL}) and a CUDA GPU"
@@ -104,11 +106,14 @@ class CublasAccumulator:
     def __init__(
         self, shape: tuple[int, int], dtype: np.dtype[Any] | type | str, precision: str = "fp32"
     ) -> None:
-        self.dtype = check_dtype(dtype)
-        if precision not in PRECISIONS or (precision == "tf32" and self.dtype != np.float32):
+        self.exact = exact.is_integer(dtype)
+        """An integer (or bool) accumulator: exact float blocks (kernels.exact)."""
+        self.dtype = np.dtype(dtype) if self.exact else check_dtype(dtype)
+        tf32_ok = self.dtype == np.float32 or self.exact
+        if precision not in PRECISIONS or (precision == "tf32" and not tf32_ok):
             raise ValueError(
                 f"the cublas backend computes {self.dtype} at precision fp32"
-                + (" or tf32" if self.dtype == np.float32 else "")
+                + (" or tf32" if tf32_ok else "")
                 + f", not {precision!r}; use --backend cuda for 3xtf32, or --precision fp32"
             )
         self.precision = precision
@@ -119,11 +124,15 @@ class CublasAccumulator:
         self._cupy = load_cupy()
         # C order: cupy.cublas.gemm then computes C^T = B^T A^T in place, without a copy of C.
         self._c = self._cupy.zeros(self.shape, dtype=self.dtype)
+        self._parts: dict[str, Any] = {}
 
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
         """acc[rows] += a @ b, with a (r1 - r0, w) and b (w, n) host arrays of the accumulator's
         dtype."""
         c = self._band(rows)
+        if self.exact:
+            self._add_exact(c, a, b)
+            return
         check_panels(c.shape, self.dtype, a, b)
         m, n = c.shape
         if m == 0 or n == 0 or a.shape[1] == 0:
@@ -137,6 +146,32 @@ class CublasAccumulator:
             return
         with tf32_math(cp):
             cp.cublas.gemm("N", "N", d_a, d_b, out=c, alpha=1.0, beta=1.0)
+
+    def _add_exact(self, c: Any, a: NDArray[Any], b: NDArray[Any]) -> None:
+        """c += a @ b for an integer ``c``: one float gemm (beta=0) per exact K block into a
+        float temp, added into ``c`` as integers (kernels.cuda.integer's scheme)."""
+        a, b, blocks = integer.host_panels(a, b, self.dtype)
+        check_panels(c.shape, a.dtype, a, b)
+        (m, k), n = a.shape, c.shape[1]
+        if m == 0 or n == 0 or k == 0:
+            return
+        cp = self._cupy
+        if not blocks.dtype:  # past float64's exact products: numpy's integer product
+            c += cp.asarray(a @ b)
+            return
+        if blocks.dtype not in self._parts or self._parts[blocks.dtype].shape[1] != n:
+            self._parts[blocks.dtype] = cp.zeros((self.shape[0], n), dtype=blocks.dtype)
+        part = self._parts[blocks.dtype][:m]
+        tensor = integer.tensor_exact(blocks, self.precision)
+        for k0 in range(0, k, blocks.step):
+            d_a = cp.asarray(np.ascontiguousarray(a[:, k0 : k0 + blocks.step]))
+            d_b = cp.asarray(np.ascontiguousarray(b[k0 : k0 + blocks.step]))
+            with tf32_math(cp) if tensor else contextlib.nullcontext():
+                cp.cublas.gemm("N", "N", d_a, d_b, out=part, alpha=1.0, beta=0.0)
+            if self.dtype == np.bool_:
+                c |= part != 0
+            else:  # integer-valued: a 64-bit integer, then c's type, as numpy wraps
+                c += part.astype(np.int64).astype(self.dtype)
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         """The accumulated matrix (or its band of rows) as a C-contiguous host array."""

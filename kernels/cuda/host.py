@@ -5,11 +5,8 @@ numba is imported lazily so that importing this module works where numba-cuda do
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import os
 import sys
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -17,13 +14,14 @@ from typing import Any, NoReturn
 import numpy as np
 from numpy.typing import NDArray
 
+from kernels import exact
 from kernels.constants import MAX_DIM
-from kernels.cuda import tiled
+from kernels.cuda import integer, tiled
 from kernels.cuda.blocked import kernel as blocked
 from kernels.cuda.blocked.spec import F32_SPEC, F64_SPEC, BlockedSpec
+from kernels.cuda.jit import jit_kernel, launch_lock, simulated
 from kernels.cuda.launch import LaunchConfig, tiled_launch
 from kernels.cuda.tensor import kernel as tf32
-from kernels.cuda.toolkit import check_link
 from kernels.panels import band_rows, check_panels
 
 
@@ -137,31 +135,6 @@ def exit_skipping_teardown(code: int) -> NoReturn:
     os._exit(code)
 
 
-# The simulator keeps its kernel context in a module global: two host threads launching at
-# once (Dask worker threads) would make the second launch run as a device function.
-_SIMULATOR_LOCK = threading.Lock()
-
-
-def simulated() -> bool:
-    return os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
-
-
-def launch_lock() -> contextlib.AbstractContextManager[Any]:
-    """Held around a kernel launch: the simulator keeps its kernel state in a module global."""
-    return _SIMULATOR_LOCK if simulated() else contextlib.nullcontext()
-
-
-@functools.cache
-def jit_kernel(kernel: Callable[..., None], launch_bounds: tuple[int, int] | None) -> Any:
-    from numba import config, cuda
-
-    if not config.ENABLE_CUDASIM:
-        check_link()  # once per kernel and process: a clear error instead of a failed launch
-    if launch_bounds is None or config.ENABLE_CUDASIM:  # the simulator's jit has no bounds
-        return cuda.jit(kernel)
-    return cuda.jit(kernel, launch_bounds=launch_bounds)
-
-
 def select_variant(name: str | None, dtype: np.dtype, precision: str = "fp32") -> KernelVariant:
     """The named variant (checked against ``dtype``), or the one for ``dtype`` at ``precision``:
     the default at fp32 (fp64 for float64 is the same), else the tensor-core variant."""
@@ -186,6 +159,12 @@ def select_variant(name: str | None, dtype: np.dtype, precision: str = "fp32") -
     return variant
 
 
+def launch_float(dtype: str, precision: str, a: Any, b: Any, c: Any, stream: Any = 0) -> None:
+    """``c += a @ b`` with the default kernel of a float ``dtype`` at ``precision`` (what the
+    exact integer blocks run, kernels.cuda.integer)."""
+    launch_product(select_variant(None, np.dtype(dtype), precision), a, b, c, stream)
+
+
 def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any = 0) -> None:
     """``c += a @ b`` on device arrays, queued on ``stream``; nothing for an empty product (a
     launch with an empty grid is an error)."""
@@ -203,7 +182,11 @@ def launch_product(variant: KernelVariant, a: Any, b: Any, c: Any, stream: Any =
 
 
 class CudaAccumulator:
-    """A zeroed device matrix that K panels are multiplied into: acc += a @ b on the GPU."""
+    """A zeroed device matrix that K panels are multiplied into: acc += a @ b on the GPU.
+
+    An integer (or bool) accumulator takes integer panels, or floats that hold integers (the
+    worker reads them so, kernels.exact), and sums them exactly (kernels.cuda.integer).
+    """
 
     def __init__(
         self,
@@ -214,27 +197,45 @@ class CudaAccumulator:
     ) -> None:
         from numba import cuda
 
-        self.dtype = tiled.check_float_dtype(dtype)
+        self.exact = exact.is_integer(dtype)
+        """An integer (or bool) accumulator: exact float blocks (kernels.cuda.integer)."""
+        self.dtype = np.dtype(dtype) if self.exact else tiled.check_float_dtype(dtype)
         m, n = (int(s) for s in shape)
         if not (0 <= m <= MAX_DIM and 0 <= n <= MAX_DIM):
             raise ValueError(f"accumulator shape must be in [0, 2**31 - 1], got {shape}")
         self.shape = (m, n)
-        self.variant = select_variant(variant, self.dtype, precision)
+        self.precision = precision
+        if not self.exact:
+            self.variant = select_variant(variant, self.dtype, precision)
+        elif variant is not None:
+            raise ValueError(f"an {self.dtype} accumulator picks its float kernels: variant=None")
+        self._scratch = integer.Scratch()
         self._c = cuda.to_device(np.zeros(self.shape, dtype=self.dtype))
 
     def add(self, a: NDArray[Any], b: NDArray[Any], rows: tuple[int, int] | None = None) -> None:
         """acc[rows] += a @ b, with a (r1 - r0, w) and b (w, n) host arrays of the accumulator's
-        dtype; each element is summed in K order whatever the band, so bands give the same bytes."""
+        dtype (integer accumulators: see the class); each element is summed in K order whatever
+        the band, so bands give the same bytes."""
         c = self._band(rows)
-        check_panels(c.shape, self.dtype, a, b)
+        if self.exact:
+            a, b, blocks = integer.host_panels(a, b, self.dtype)
+            check_panels(c.shape, a.dtype, a, b)
+        else:
+            check_panels(c.shape, self.dtype, a, b)
         if c.shape[0] == 0 or c.shape[1] == 0 or a.shape[1] == 0:
             return  # nothing to add
         from numba import cuda
 
+        if self.exact and not blocks.dtype:  # past float64's exact products
+            integer.add_host_product(c, a @ b)
+            return
         # One host-to-device copy per panel; the accumulator never leaves the device.
         d_a = cuda.to_device(np.ascontiguousarray(a))
         d_b = cuda.to_device(np.ascontiguousarray(b))
-        launch_product(self.variant, d_a, d_b, c)
+        if self.exact:
+            integer.exact_gemm(c, d_a, d_b, blocks, self._scratch, launch_float, 0, self.precision)
+        else:
+            launch_product(self.variant, d_a, d_b, c)
 
     def result(self, rows: tuple[int, int] | None = None) -> NDArray[Any]:
         """The accumulated matrix (or its band of rows) as a C-contiguous host array."""

@@ -193,8 +193,10 @@ class EmulatedDevice:
         stream: Stream,
         rows: tuple[int, int] | None = None,
         precision: str = "fp32",
+        peaks: tuple[int, int] | None = None,
     ) -> None:
-        # Modelled at the fp32 rate: the emulated backend lists fp32 only (check_precision).
+        # Modelled at the fp32 rate: the emulated backend lists fp32 only (check_precision),
+        # and float dtypes only (no exact integer products: ``peaks`` stays None).
         r0, r1 = band_rows(rows, acc.shape[0])
         check_panels((r1 - r0, acc.shape[1]), acc.dtype, a, b)  # type: ignore[arg-type]
         flops = 2 * (r1 - r0) * acc.shape[1] * a.shape[1]

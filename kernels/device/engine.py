@@ -24,6 +24,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
+from kernels import exact
 from kernels.device.decode import CompressedPanel
 from kernels.device.interface import Decoder, Device, Event, Stream
 from kernels.memory.buffers import ArraySpec, BufferPool, Lease
@@ -63,7 +64,8 @@ class StagedStats:
 @dataclass
 class _Staged:
     lease: Lease
-    fills: list[Future[int | None]]
+    fills: list[Future[tuple[int | None | CompressedPanel, int]]]
+    """Each half's fill result and its max |value| (0 unless measured)."""
 
 
 @dataclass
@@ -72,6 +74,8 @@ class _Slot:
     b: Any = None
     free: Event | None = None
     """Recorded on the compute stream after the last gemm that read this slot."""
+    peaks: tuple[int, int] | None = None
+    """Max |values| of the panels in it (an integer accumulator's exact product)."""
 
 
 @dataclass
@@ -102,12 +106,19 @@ class StagedProduct:
         depth: int = 2,
         serialize: bool = False,
         precision: str = "fp32",
+        panel_dtype: DTypeLike | None = None,
     ) -> None:
         if decode_threads < 1 or depth < 1:
             raise ValueError(f"need decode_threads, depth >= 1, got {decode_threads}, {depth}")
         self.device, self.pool = device, pool
         self.shape, self.dtype = (int(shape[0]), int(shape[1])), np.dtype(dtype)
         self.decode_threads, self.depth, self.serialize = decode_threads, depth, serialize
+        self.panel_dtype = np.dtype(panel_dtype or dtype)
+        """The dtype panels are staged in: the accumulator's, or the float an integer one's
+        panels are read in (kernels.exact)."""
+        self.exact = exact.is_integer(self.dtype)
+        """An integer accumulator: each panel's max |values| go with it (the device cuts its
+        product into exact float blocks by them)."""
         self.precision = precision
         """Given to every gemm: the device picks its kernel for it (kernels.backends.PRECISIONS)."""
         self.streams = _Streams(device.stream(), device.stream(), device.stream())
@@ -171,8 +182,9 @@ class _Run:
             slot = self.upload(self.current)
             if finished is None or self.staged or self.next is not None:
                 self.device.gemm(
-                    self.engine.acc, slot.a, slot.b, s.compute, None, self.engine.precision
-                )
+                    self.engine.acc, slot.a, slot.b, s.compute, None, self.engine.precision,
+                    slot.peaks,
+                )  # fmt: skip
                 slot.free = _recorded(self.device, s.compute)
             else:
                 self.release()  # hold no buffers while waiting for the band buffers
@@ -186,7 +198,7 @@ class _Run:
 
     def top_up(self, limit: int, may_wait: bool) -> None:
         """Lease buffers for the next panels and start decoding them, up to ``limit`` staged."""
-        (m, n), dtype = self.engine.shape, self.engine.dtype
+        (m, n), dtype = self.engine.shape, self.engine.panel_dtype
         while self.next is not None and len(self.staged) < limit:
             specs = [((m, self.next.width), dtype), ((self.next.width, n), dtype)]
             lease = self.engine.pool.try_acquire_group(specs)
@@ -195,8 +207,12 @@ class _Run:
                     return  # never wait while holding buffers
                 self.release()
                 lease = self.wait_for(specs)
-            fills = [self.decoders.submit(self.next.fill_a, lease.arrays[0])]
-            fills.append(self.decoders.submit(self.next.fill_b, lease.arrays[1]))
+            fills = [
+                self.decoders.submit(_filled, fill, out, self.engine.exact)
+                for fill, out in zip(
+                    (self.next.fill_a, self.next.fill_b), lease.arrays, strict=True
+                )
+            ]
             self.staged.append(_Staged(lease, fills))
             self.next = next(self.source, None)
 
@@ -204,7 +220,7 @@ class _Run:
         """Wait for the panel's decoding, queue its copies into the next device slot and make
         the compute stream wait for them."""
         start = time.perf_counter()
-        got = [fill.result() for fill in item.fills]
+        got, peaks = zip(*(fill.result() for fill in item.fills), strict=True)
         self.stats.decode_wait_seconds += time.perf_counter() - start
         for out, filled in zip(item.lease.arrays, got, strict=True):
             if isinstance(filled, CompressedPanel):
@@ -223,6 +239,7 @@ class _Run:
             )
         elif slot.free is not None:
             slot.free.wait(self.streams.h2d)
+        slot.peaks = (peaks[0], peaks[1]) if self.engine.exact else None
         keep: list[object] = []  # what queued decodes read
         for host, dev, filled in ((a, slot.a, got[0]), (b, slot.b, got[1])):
             if isinstance(filled, CompressedPanel):  # decoded on the device
@@ -255,8 +272,9 @@ class _Run:
             for i, (r0, r1) in enumerate(bands):
                 if slot is not None:
                     self.device.gemm(
-                        acc, slot.a[r0:r1], slot.b, s.compute, (r0, r1), self.engine.precision
-                    )
+                        acc, slot.a[r0:r1], slot.b, s.compute, (r0, r1), self.engine.precision,
+                        slot.peaks,
+                    )  # fmt: skip
                 host = lease.arrays[i % 2][: r1 - r0]
                 _order(self.device, s.compute, s.d2h)
                 self.device.copy_to_host(acc[r0:r1], host, s.d2h)
@@ -298,6 +316,19 @@ class _Run:
         for item in held:
             item.lease.release()
         self.release()
+
+
+def _filled(fill: Fill, out: NDArray[Any], measure: bool) -> tuple[Any, int]:
+    """Runs in a decode thread: fill ``out``; with ``measure``, also its max |value| (a panel
+    decoded on the device: its stored integer dtype's largest)."""
+    filled = fill(out)
+    if not measure:
+        return filled, 0
+    if isinstance(filled, CompressedPanel):
+        if not exact.is_integer(filled.dtype):
+            raise ValueError(f"{filled.dtype} chunks decoded on the device into an integer product")
+        return filled, exact.magnitude(filled.dtype)
+    return filled, exact.largest(out)
 
 
 def _recorded(device: Device, stream: Stream) -> Event:

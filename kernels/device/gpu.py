@@ -4,11 +4,13 @@ backend's kernel variant for each gemm's dtype and precision. numba is imported 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from numpy.typing import DTypeLike, NDArray
 
+from kernels import exact
 from kernels.device.decode import PanelDecoder
 from kernels.device.interface import DeviceArray, Event, Stream
 from kernels.memory.allocators import Allocator, pinned_allocator
@@ -18,7 +20,7 @@ from kernels.panels import band_rows, check_panels
 class NumbaDevice:
     """The current CUDA device through numba-cuda (or the simulator), with the cuda backend's
     kernel variant for the dtype and precision, so results are bitwise those of
-    ``CudaAccumulator``.
+    ``CudaAccumulator``; an integer (or bool) accumulator's product is exact, as there.
 
     Safe to share among threads: each engine uses its own streams; the simulator, which keeps
     its kernel state in a module global, gets the accumulator's lock around launches.
@@ -79,15 +81,12 @@ class NumbaDevice:
         stream: Stream,
         rows: tuple[int, int] | None = None,
         precision: str = "fp32",
+        peaks: tuple[int, int] | None = None,
     ) -> None:
-        from kernels.cuda.host import launch_product, select_variant
-
         r0, r1 = band_rows(rows, acc.shape[0])
-        c = acc[r0:r1]
-        variant = select_variant(self.variant_name, np.dtype(acc.dtype), precision)
-        check_panels(c.shape, variant.dtype, a, b)
+        launch = self._launcher(acc[r0:r1], a, b, stream, precision, peaks)
         if not self.record_kernels:
-            launch_product(variant, a, b, c, stream)
+            launch()
             return
         from numba import cuda
 
@@ -96,9 +95,30 @@ class NumbaDevice:
         timed: dict[str, bool] = {} if simulated() else {"timing": True}  # the simulator's
         start, end = cuda.event(**timed), cuda.event(**timed)  # event takes no arguments
         start.record(stream)
-        launch_product(variant, a, b, c, stream)
+        launch()
         end.record(stream)
         self.kernel_events.append((start, end))
+
+    def _launcher(
+        self, c: Any, a: Any, b: Any, stream: Stream, precision: str, peaks: tuple[int, int] | None
+    ) -> Callable[[], None]:
+        """What queues ``c += a @ b``: our kernel for the dtype and precision, or for an integer
+        ``c`` the exact float blocks (kernels.cuda.integer) over the panels' ``peaks``."""
+        from kernels.cuda import integer
+        from kernels.cuda.host import launch_float, launch_product, select_variant
+
+        if not exact.is_integer(c.dtype):
+            variant = select_variant(self.variant_name, np.dtype(c.dtype), precision)
+            check_panels(c.shape, variant.dtype, a, b)
+            return functools.partial(launch_product, variant, a, b, c, stream)
+        if peaks is None:
+            raise ValueError(f"an {c.dtype} accumulator needs its panels' peaks (max |values|)")
+        check_panels(c.shape, np.dtype(a.dtype), a, b)
+        blocks = integer.exact_blocks(a.dtype, *peaks, a.shape[1])
+        scratch = integer.stream_scratch(stream)
+        return functools.partial(
+            integer.exact_gemm, c, a, b, blocks, scratch, launch_float, stream, precision
+        )
 
     def decoder(self, stream: Stream) -> PanelDecoder:
         return PanelDecoder(stream)

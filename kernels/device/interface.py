@@ -65,9 +65,12 @@ class Device(Protocol):
         stream: Stream,
         rows: tuple[int, int] | None = None,
         precision: str = "fp32",
+        peaks: tuple[int, int] | None = None,
     ) -> None:
         """Queue ``acc += a @ b``; with ``rows=(r0, r1)`` only ``acc[r0:r1]``, ``a`` holding
-        just those rows; ``precision`` (kernels.backends.PRECISIONS) picks the arithmetic."""
+        just those rows; ``precision`` (kernels.backends.PRECISIONS) picks the arithmetic.
+        ``peaks``: an integer ``acc``'s exact product (kernels.exact) of float panels whose
+        max |values| they are."""
 
     def decoder(self, stream: Stream) -> Decoder:
         """A decoder of compressed panels whose work is queued on ``stream``: an engine makes

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import DTypeLike
 
+from kernels.constants import GPU_DTYPES
 from kernels.device.gpu import numba_device
 from kernels.device.interface import Device, Stream
 
@@ -99,8 +100,8 @@ def worker_device_figures(dtype: str = "float32") -> dict[str, Any] | None:
     None without a real GPU (the simulator's rates mean nothing)."""
     import os
 
-    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
-        return None
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1" or dtype not in GPU_DTYPES:
+        return None  # the simulator's rates mean nothing; our kernels are float kernels
     try:
         from numba import cuda
 

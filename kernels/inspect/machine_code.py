@@ -15,6 +15,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from kernels.constants import CUDA_INSTALL
 from kernels.inspect.sass import (
     MmaTargets,
@@ -52,9 +54,14 @@ def parse_cc(text: str) -> tuple[int, int]:
 
 
 def compile_kernel_ptx(
-    kernel: Callable[..., None], dtype: str, cc: tuple[int, int], launch_bounds: Any = None
+    kernel: Callable[..., None],
+    dtype: str,
+    cc: tuple[int, int],
+    launch_bounds: Any = None,
+    args: Sequence[tuple[str, bool]] | None = None,
 ) -> str:
-    """PTX of kernel(a, b, c) for C-contiguous 2-D arrays of `dtype`, with no GPU."""
+    """PTX of kernel(a, b, c) for C-contiguous 2-D arrays of `dtype`, with no GPU; ``args``:
+    another kernel's 2-D arguments as (dtype, C-contiguous)."""
     import numba
     from numba.core import config
 
@@ -65,7 +72,11 @@ def compile_kernel_ptx(
     from numba import cuda
 
     array = getattr(numba, dtype)[:, ::1]
-    ptx, _ = cuda.compile_ptx(kernel, (array, array, array), cc=cc, launch_bounds=launch_bounds)
+    types = (array, array, array)
+    if args is not None:
+        element = [numba.from_dtype(np.dtype(name)) for name, _ in args]
+        types = tuple(e[:, ::1] if c else e[:, :] for e, (_, c) in zip(element, args, strict=True))
+    ptx, _ = cuda.compile_ptx(kernel, types, cc=cc, launch_bounds=launch_bounds)
     return str(ptx)
 
 
@@ -88,12 +99,14 @@ def inspect_kernel(
     default: bool = False,
     precision: str = "fp32",
     hmma_per_k_tile: int | None = None,
+    args: Sequence[tuple[str, bool]] | None = None,
 ) -> dict[str, Any]:
     """Compile, assemble and disassemble one kernel; its report as a flat dict. A tensor-core
-    kernel (``hmma_per_k_tile`` given) is held to its own targets (sass.MmaTargets)."""
+    kernel (``hmma_per_k_tile`` given) is held to its own targets (sass.MmaTargets); an
+    elementwise helper (``args`` given) to no spills and no local memory only."""
     arch = f"sm_{cc[0]}{cc[1]}"
     ptx = ptx_dir / f"{name}.{arch}.ptx"
-    ptx.write_text(compile_kernel_ptx(kernel, dtype, cc, launch_bounds))
+    ptx.write_text(compile_kernel_ptx(kernel, dtype, cc, launch_bounds, args))
     cubin = ptx.with_suffix(".cubin")
     info = _run([str(find_tool("ptxas")), "-v", f"-arch={arch}", str(ptx), "-o", str(cubin)])
     sass = _run([str(find_tool("cuobjdump")), "-sass", str(cubin)])
@@ -105,7 +118,10 @@ def inspect_kernel(
         blocks_per_sm(report["regs"], report["shared_bytes"], threads) if threads else None
     )
     report["hmma_per_k_tile"] = hmma_per_k_tile
-    if hmma_per_k_tile is None:
+    if args is not None:
+        missed = check_targets(report)
+        report["targets_missed"] = [m for m in missed if m.startswith(("spills", "local"))]
+    elif hmma_per_k_tile is None:
         report["targets_missed"] = check_targets(report)
     else:
         report["targets_missed"] = check_mma_targets(report, MmaTargets(hmma_per_k_tile))
@@ -130,6 +146,17 @@ def inspect_variants(cc: tuple[int, int], ptx_dir: Path) -> list[dict[str, Any]]
             v.hmma_per_k_tile,
         )
         for v in VARIANTS.values()
+    ] + inspect_helpers(cc, ptx_dir)
+
+
+def inspect_helpers(cc: tuple[int, int], ptx_dir: Path) -> list[dict[str, Any]]:
+    """Reports for the integer route's elementwise kernels (kernels.cuda.integer)."""
+    from kernels.cuda.integer import inspected_kernels
+
+    ptx_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        inspect_kernel(name, args[1][0], kernel, cc, ptx_dir, args=args)
+        for name, kernel, args in inspected_kernels()
     ]
 
 

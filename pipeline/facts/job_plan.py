@@ -96,7 +96,8 @@ def backend_times(
         return ()
     times = []
     for name, spec in BACKENDS.items():
-        if spec.device != "gpu" or spec.modelled or plan.compute_dtype not in (spec.dtypes or ()):
+        takes = spec.takes(plan.compute_dtype, plan.panel_dtype)
+        if spec.device != "gpu" or spec.modelled or not takes:
             continue
         try:
             check_precision(name, plan.compute_dtype, options.precision)

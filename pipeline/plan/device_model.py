@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.exact import panel_dtype
 from kernels.memory.buffers import group_bytes
 from pipeline.plan.costs import CostModel
 
@@ -140,23 +141,34 @@ def gpu_task_bytes(
     """
     tm, tn = tile_shape
     a_dtype, b_dtype, compute, out = (np.dtype(d) for d in dtypes)
-    c = compute.itemsize
-    a_item = a_dtype.itemsize + (c if a_dtype != compute else 0)
-    b_item = b_dtype.itemsize + (c if b_dtype != compute else 0)
+    panel = np.dtype(panel_dtype(a_dtype, b_dtype, compute))  # integers: an exact float
+    c, p = compute.itemsize, panel.itemsize
+    a_item = a_dtype.itemsize + (p if a_dtype != panel else 0)
+    b_item = b_dtype.itemsize + (p if b_dtype != panel else 0)
     staged = (STAGED_PANELS + 1) * (tm * a_item + tn * b_item) * panel_width  # + the one copying
     band = band_rows * tn * (4 * c + out.itemsize)
-    device = tm * tn * c + DEVICE_SLOTS * (tm + tn) * panel_width * c
+    device = tm * tn * c + DEVICE_SLOTS * (tm + tn) * panel_width * p
+    if panel != compute:  # the exact route's float block and gathered A block (at most float64)
+        device += (tm * tn + tm * panel_width) * 8
     return staged + band, device
 
 
 def staging_pool_bytes(
-    *, tile_shape: tuple[int, int], panel_width: int, compute_dtype: str, band_rows: int, tasks: int
+    *,
+    tile_shape: tuple[int, int],
+    panel_width: int,
+    compute_dtype: str,
+    band_rows: int,
+    tasks: int,
+    panel_dtype: str = "",
 ) -> int:
     """The budget of a worker's pinned staging pool: what its ``tasks`` staged engines lease at
-    most at once, each STAGED_PANELS + 1 panel pairs and the last panel's two band buffers in
-    the compute dtype, sized as the pool sizes its leases."""
+    most at once, each STAGED_PANELS + 1 panel pairs in the panels' dtype (empty: the compute
+    dtype) and the last panel's two band buffers in the compute dtype, sized as the pool
+    sizes its leases."""
     tm, tn = tile_shape
-    pair = group_bytes([((tm, panel_width), compute_dtype), ((panel_width, tn), compute_dtype)])
+    read = panel_dtype or compute_dtype
+    pair = group_bytes([((tm, panel_width), read), ((panel_width, tn), read)])
     bands = group_bytes([((band_rows, tn), compute_dtype)] * 2)
     return tasks * ((STAGED_PANELS + 1) * pair + bands)
 

@@ -132,6 +132,7 @@ def staging_bytes(plan: MatmulPlan) -> int:
         compute_dtype=plan.compute_dtype,
         band_rows=first_band_rows(plan.tile_shape[0], (plan.block_shape or (1, 1))[0]),
         tasks=plan.busy_threads,
+        panel_dtype=plan.panel_dtype,
     )
 
 

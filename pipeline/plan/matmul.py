@@ -89,9 +89,9 @@ class MatmulPlan:
 
     @property
     def panel_pair_bytes(self) -> int:
-        """One A and one B panel of a full tile in the compute dtype, in bytes."""
+        """One A and one B panel of a full tile as read (``panel_dtype``), in bytes."""
         tm, tn = self.tile_shape
-        return (tm + tn) * self.panel_width * np.dtype(self.compute_dtype).itemsize
+        return (tm + tn) * self.panel_width * np.dtype(self.panel_dtype).itemsize
 
     @property
     def busy_threads(self) -> int:

@@ -6,6 +6,8 @@ import math
 
 import numpy as np
 
+from kernels.exact import panel_dtype, product_dtype
+
 WORKER_OVERHEAD_BYTES = 256 * 2**20
 """Interpreter, dask and zarr state of one worker process, kept out of the task budget."""
 ZARR_CONCURRENCY = 10
@@ -46,8 +48,12 @@ def calculate_task_bytes(
     a_dtype, b_dtype, compute_dtype, out_dtype = dtypes
     a_item, b_item = np.dtype(a_dtype).itemsize, np.dtype(b_dtype).itemsize
     c_item, o_item = np.dtype(compute_dtype).itemsize, np.dtype(out_dtype).itemsize
-    a_panel = tm * width * (a_item + (c_item if a_dtype != compute_dtype else 0))
-    b_panel = width * tn * (b_item + (c_item if b_dtype != compute_dtype else 0))
+    # Panels are read in the compute dtype, integers in the float that holds them (and moved
+    # to float64 where float32 blocks would be too short): kernels.exact.
+    panel, work = (f(a_dtype, b_dtype, compute_dtype) for f in (panel_dtype, product_dtype))
+    p_item = np.dtype(panel).itemsize + (np.dtype(work).itemsize if work != panel else 0)
+    a_panel = tm * width * (a_item + (p_item if a_dtype != panel else 0))
+    b_panel = width * tn * (b_item + (p_item if b_dtype != panel else 0))
     m, k, n = shape or (None, None, None)
     reads = zarr_bytes((tm, width), chunks[0], (m, k), a_item) + zarr_bytes(
         (width, tn), chunks[1], (k, n), b_item

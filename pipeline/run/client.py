@@ -14,6 +14,7 @@ from typing import Any
 from dask.base import tokenize
 from distributed import Client, Future, wait
 
+from kernels import exact
 from kernels.backends import (
     AUTO,
     AUTO_GPU,
@@ -62,17 +63,20 @@ class RunStats:
         return total
 
 
-def resolve_backend(client: Client, requested: str, compute_dtype: str) -> str:
-    """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it; a
-    backend asked for by name must run on every worker, or the job is refused."""
+def resolve_backend(
+    client: Client, requested: str, compute_dtype: str, panel_dtype: str = ""
+) -> str:
+    """ "auto" becomes "cuda" when every worker sees a real GPU and the dtype suits it (an
+    integer one: its panels read as a float, ``panel_dtype``, the plan's); a backend asked for
+    by name must run on every worker, or the job is refused."""
     devices = client.run(probe_devices, requested)
     if not devices:
         raise BackendUnavailableError("the cluster has no workers to run on")
     if requested != AUTO:
-        return _check_named(get_backend(requested), devices, compute_dtype)
+        return _check_named(get_backend(requested), devices, compute_dtype, panel_dtype)
     gpu = BACKENDS[AUTO_GPU]
     all_gpu = all(d.get("gpu") for d in devices.values())
-    chosen = AUTO_GPU if all_gpu and gpu.takes(compute_dtype) else CPU
+    chosen = AUTO_GPU if all_gpu and gpu.takes(compute_dtype, panel_dtype) else CPU
     reason = "a GPU on every worker" if chosen == AUTO_GPU else "no GPU visible to the workers"
     if all_gpu and chosen == CPU:
         reason = f"{compute_dtype} is not a GPU dtype"
@@ -141,7 +145,9 @@ def _lacking_packages(
     )
 
 
-def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute_dtype: str) -> str:
+def _check_named(
+    spec: BackendSpec, devices: dict[str, dict[str, bool]], compute_dtype: str, panel_dtype: str
+) -> str:
     if lacking := _lacking_packages(spec, devices):
         raise BackendUnavailableError(
             f"--backend {spec.name} needs {spec.packages_name}: {spec.install} (missing on "
@@ -153,10 +159,13 @@ def _check_named(spec: BackendSpec, devices: dict[str, dict[str, bool]], compute
             f"--backend {spec.name} needs {spec.needs} on every worker, but {len(missing)} of "
             f"{len(devices)} worker(s) lack it ({', '.join(missing)}); {spec.fix}"
         )
-    if not spec.takes(compute_dtype):
+    if not spec.takes(compute_dtype, panel_dtype):
+        read = f" from {panel_dtype} panels" if panel_dtype else ""
+        if spec.exact_integers and exact.is_integer(compute_dtype):
+            read += " (integers: from inputs of up to 32 bits, which a float holds)"
         raise BackendUnavailableError(
             f"the {spec.name} backend computes {' and '.join(spec.dtypes or ())} only, not "
-            f"{compute_dtype}; use --backend cpu or convert the inputs"
+            f"{compute_dtype}{read}; use --backend cpu or convert the inputs"
         )
     return spec.name
 

@@ -104,8 +104,8 @@ def _read_on_host(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...
     for k in panels:
         at_a = (k, tile.rows) if ta else (tile.rows, k)
         at_b = (tile.cols, k) if tb else (k, tile.cols)
-        inputs.read_block(a, *at_a, spec.compute_dtype, "A", spec.store.a_url)
-        inputs.read_block(b, *at_b, spec.compute_dtype, "B", spec.store.b_url)
+        inputs.read_block(a, *at_a, spec.read_dtype, "A", spec.store.a_url)
+        inputs.read_block(b, *at_b, spec.read_dtype, "B", spec.store.b_url)
 
 
 def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
@@ -122,6 +122,7 @@ def _engine(spec: TaskSpec, tile: Tile) -> StagedProduct:
         depth=STAGED_PANELS,  # what the plan's staging memory counts
         serialize=not spec.overlap,
         precision=spec.precision,
+        panel_dtype=spec.read_dtype,  # integers: the float that holds them (kernels.exact)
     )
 
 

@@ -135,7 +135,8 @@ def test_a_normal_run_prints_only_our_lines_even_with_the_dashboard_port_taken(
 def slow_inputs(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[str, str, np.ndarray, np.ndarray]:
-    """Integer products run numpy's loops, not BLAS: about 4 s of work on 2 threads here.
+    """Integer products run numpy's loops in the jobs start_job starts (slow_integers), not
+    BLAS: about 4 s of work on 2 threads here.
     int16 inputs into --dtype int64 (an int32 product could overflow any integer dtype)."""
     root = tmp_path_factory.mktemp("slow")
     rng = np.random.default_rng(0)
@@ -168,7 +169,7 @@ def start_job(jobs: list[subprocess.Popen[str]], *args: str) -> tuple[subprocess
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(),
+        env=child_env(slow_integers=True),
         start_new_session=True,
     )
     jobs.append(process)

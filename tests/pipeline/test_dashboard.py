@@ -55,8 +55,9 @@ def task_prefixes(base: str) -> set[str]:
 
 
 def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
-    # Integer products go through numpy's loops, not BLAS: many seconds of work from 8 MiB
-    # inputs, on one thread. The job is stopped as soon as the dashboard has been seen.
+    # Integer products go through numpy's loops here (slow_integers), not BLAS: many seconds
+    # of work from 8 MiB inputs, on one thread. The job is stopped as soon as the dashboard
+    # has been seen.
     # int16 inputs into int64 (--dtype): int32 inputs could overflow any integer dtype.
     rng = np.random.default_rng(0)
     a = rng.integers(-5, 5, (2048, 1024), dtype=np.int16)
@@ -73,7 +74,7 @@ def test_dashboard_answers_while_a_job_runs(tmp_path: Path) -> None:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(),
+        env=child_env(slow_integers=True),
     )
     status, running = 0, False
     prefixes: set[str] = set()

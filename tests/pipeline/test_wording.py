@@ -256,7 +256,9 @@ def test_ctrl_c_on_a_terminal_leaves_one_line(
         mode = termios.tcgetattr(0)
         mode[3] &= ~(termios.ECHO | termios.ECHOCTL)
         termios.tcsetattr(0, termios.TCSANOW, mode)
-        os.execvpe(sys.executable, [sys.executable, "-m", "pipeline", *argv], child_env())
+        os.execvpe(
+            sys.executable, [sys.executable, "-m", "pipeline", *argv], child_env(slow_integers=True)
+        )
     output, sent, deadline = b"", False, time.monotonic() + 90
     try:
         while time.monotonic() < deadline:
