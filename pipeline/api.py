@@ -33,6 +33,7 @@ from pipeline.options.product import (
     for_python,
     takes_options,
 )
+from pipeline.plan import standardize
 from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
@@ -81,6 +82,16 @@ def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> Matm
         values["report"], dict(zip(("A", "B", "OUT"), urls, strict=True)), storage
     )
     asked = {"beta": beta, "storage_options": storage, "output": layout, "report": report}
+    std = standardize.requested(
+        values["center"], values["scale"], values["kinship"], values["ddof"],
+        rows=values["transpose_b"],
+    ) if values["symmetric"] else None  # fmt: skip
+    if std is not None and values["gpu_decode"]:
+        raise UsageError(
+            f"--gpu-decode decodes X on the GPU, where --{std.mode} cannot standardize it (X is "
+            "standardized on the host as it is read); drop --gpu-decode"
+        )
+    asked["standardize"] = std
     job_options = JobOptions(**carried(values) | asked)
     symmetric, transposed = values["symmetric"], (values["transpose_a"], values["transpose_b"])
     names = ("X", "X", "G") if symmetric else ("A", "B", "OUT")
@@ -147,6 +158,9 @@ def _validated(
     else:
         state = _state(output, out_given)
         request = _output_request(output, options.output, state, options.resume)
+    if options.standardize is not None:  # a covariance, correlation or kinship is float
+        dtype = standardize.output_dtype(options.standardize, a_spec.dtype, request.dtype)
+        request = replace(request, dtype=dtype, standardized=True)
     options = replace(options, output=request)
     # Refuse a plan that cannot fit (or an unsafe dtype, a bad layout) before starting anything.
     backend = planning_backend(options.backend, options.device_class)

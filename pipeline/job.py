@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
+from kernels import exact
 from kernels.backends import get_backend
 from pipeline import settings
 from pipeline.accumulate import state as accumulate
@@ -38,6 +39,8 @@ from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.plan.limits import computed_regions, read_lower_bound
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.spec import ArraySpec, StoreSpec
+from pipeline.plan.standardize import describe as describe_standardize
+from pipeline.run import moments
 from pipeline.run.client import (
     check_gpu_decode,
     check_tensor_simulator,
@@ -125,6 +128,8 @@ class MatmulJob:
         """The plan as a table (what --dry-run prints), with OUT's size and room and, when
         they differ, each GPU backend's modelled time."""
         lines: tuple[tuple[str, str], ...] = ()
+        if (std := self.options.standardize) is not None:
+            lines += (("standardized", describe_standardize(std)),)
         if room := self.room():
             lines += ((self._out_name, describe_room(room)),)
         if backends := format_backends(self.backend_times(), self.plan):
@@ -164,7 +169,9 @@ class MatmulJob:
         chosen = backend or planning_backend(self.options.backend, self.options.device_class)
         live = describe_workers(client)
         if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
-            live["device"] = calibrated_device(client, self.plan.compute_dtype)
+            # the float an integer product runs in: our kernels' rates are measured in floats
+            work = exact.product_dtype(self.a.dtype, self.b.dtype, self.plan.compute_dtype)
+            live["device"] = calibrated_device(client, work)
         plan = plan_for(
             self.a, self.b, self.options, self.state, live, chosen,
             transposed=self.store.transposed, symmetric=self.store.symmetric,
@@ -188,7 +195,9 @@ class MatmulJob:
         with claim as (held, state), _connect(client, opts) as c, report:
             self._check_inputs_unchanged()  # under OUT's lock, before anything is written
             warn_if_exposed(c, opts.storage_options)
-            backend = resolve_backend(c, opts.backend, self.plan.compute_dtype)
+            backend = resolve_backend(
+                c, opts.backend, self.plan.compute_dtype, self.plan.panel_dtype
+            )
             if opts.gpu_decode:
                 check_gpu_decode(c, backend)
             check_job_precision(opts.backend, backend, self.plan.compute_dtype, opts.precision)
@@ -197,6 +206,11 @@ class MatmulJob:
             spec = replace(
                 self._task_spec(plan, backend), lock_token=held.token, out_folder=held.folder
             )
+            if opts.standardize is not None:  # X's means (and spreads), before any tile
+                std = moments.measure(
+                    c, self.store.a_url, self.store.storage_options, opts.standardize
+                )
+                spec = replace(spec, standardize=std)
             at_start = resume.listings(self.store)
             self.output.check_apart(  # again under OUT's lock, before anything is written
                 [("A", self.store.a_url), ("B", self.store.b_url)]
@@ -219,9 +233,9 @@ class MatmulJob:
                     accumulate.mark_complete(self.output)
                     accumulate.remove(self.output)  # the originals are no longer needed
             else:
-                self.output.mark(spec.fingerprint, complete=True)
+                self.output.mark(spec.fingerprint, complete=True, standardize=spec.standardize)
                 journal.forget_bands(self.output.url, self.output.storage_options)
-                verified = self._verify(c, spec.fingerprint) if opts.verify else None
+                verified = self._verify(c, spec) if opts.verify else None
             self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
         # A resume computes a part: its reads are measured against that part's bound.
@@ -285,8 +299,12 @@ class MatmulJob:
         )
 
     def _factors(self) -> dict[str, Any] | None:
-        """--alpha, --beta and --accumulate for the fingerprint (None: a plain product's)."""
+        """--alpha, --beta and --accumulate, or a Gram product's standardization, for the
+        fingerprint (None: a plain product's)."""
         opts = self.options
+        std = opts.standardize
+        if std is not None:
+            return {"standardize": [std.mode, std.axis, std.ddof]}
         if not opts.accumulate and opts.alpha == 1:
             return None
         return {"alpha": opts.alpha, "beta": opts.beta, "accumulate": opts.accumulate}
@@ -313,7 +331,9 @@ class MatmulJob:
             )
         if self.options.resume and state is not None:
             # refuses another fingerprint, naming what differs
-            done = self.output.finished_tiles(plan, fp, state, alpha=self.options.alpha)
+            done = self.output.finished_tiles(
+                plan, fp, state, alpha=self.options.alpha, standardize=self.options.standardize
+            )
             return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
         if state is not None:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
@@ -324,6 +344,8 @@ class MatmulJob:
             transpose_a=plan.transposed[0], transpose_b=plan.transposed[1],
             symmetric=plan.symmetric, precision=plan.precision,
             alpha=None if alpha == 1 else float(alpha),
+            standardize=None if self.options.standardize is None
+            else self.options.standardize.record(),
         )  # fmt: skip
         self.output.create(
             plan.out.shape, plan.out.chunks, plan.out.dtype, record,
@@ -371,15 +393,15 @@ class MatmulJob:
             )
         return result.passed
 
-    def _verify(self, client: Client, fp: str) -> bool:
+    def _verify(self, client: Client, spec: TaskSpec) -> bool:
         from pipeline.verify.check import verify_product
 
         store = self.store
         result = verify_product(
             client, store.a_url, store.b_url, store.out_url, store.storage_options,
-            progress=self.options.progress,
+            progress=self.options.progress, standardize=spec.standardize,
         )  # fmt: skip
-        self.output.mark(fp, verified=result.passed)
+        self.output.mark(spec.fingerprint, verified=result.passed)
         return result.passed
 
 

@@ -296,8 +296,8 @@ def format_verify_error(result: VerifyResult) -> str:
         else ""
     )
     return (
-        f"C != A @ B in row block(s) {blocks}{more}: {'; '.join(problems)}; recompute C with "
-        "`python -m pipeline multiply A B C --overwrite`"
+        f"C != {result.product} in row block(s) {blocks}{more}: {'; '.join(problems)}; "
+        f"recompute C with `{result.recompute}`"
     )
 
 

@@ -194,9 +194,12 @@ def _run_job(job: Any, args: argparse.Namespace) -> int:
     print(redact_url(format_accounting(result)))
     print(redact_url(format_summary(result)))
     if result.verified is False:
+        what = (
+            "G differs from its Gram product" if job.store.symmetric else "OUT differs from A @ B"
+        )
         print(
-            "error: verification failed: OUT differs from A @ B beyond the tolerance; "
-            "see `python -m pipeline verify` for the failing rows",
+            f"error: verification failed: {what} beyond the tolerance; see "
+            "`python -m pipeline verify` for the failing rows",
             file=sys.stderr,
         )
         return 1

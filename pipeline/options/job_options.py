@@ -10,6 +10,7 @@ from cluster.memory import MemoryLimit
 from cluster.spec import ClusterSpec
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.spec import OutputSpec
+from pipeline.plan.standardize import Standardize
 from pipeline.plan.units import format_bytes
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 
@@ -56,6 +57,9 @@ class JobOptions:
     """The cluster to start or join when ``execute`` is given no client."""
     report: str | None = None
     """Where to save distributed's performance report (HTML), if anywhere."""
+    standardize: Standardize | None = None
+    """A Gram product's --center, --scale or --kinship (its shifts and scales are measured
+    when the job runs); None: a plain product."""
 
     __repr__ = redacted_repr
 

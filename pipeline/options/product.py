@@ -22,11 +22,12 @@ from cluster.spec import ClusterSpec
 from kernels.backends import CHOICES, PRECISIONS
 from pipeline.errors import UsageError
 from pipeline.options import spelling
-from pipeline.options.declaration import MULTIPLY, PREPARE, Option, Pair, declarations
+from pipeline.options.declaration import GRAM, MULTIPLY, PREPARE, Option, Pair, declarations
 from pipeline.options.job_options import JobOptions
 from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import parse_pair
+from pipeline.plan.standardize import parse_ddof
 
 
 def parse_number(text: str) -> float:
@@ -221,6 +222,45 @@ class ProductOptions(TypedDict, total=False):
             help="contract op(A) and op(B) even where the coordinate arrays beside them (xarray's) "
             "differ along the shared dimension (default: refused, naming the first difference)",
             commands=(MULTIPLY,),
+        ),
+    ]
+    center: Annotated[
+        bool,
+        Option(
+            False,
+            help="the covariance (np.cov): each variable G is indexed by centred by its mean "
+            "over the summed axis, from one pass over X, and G divided by n - ddof",
+            commands=(GRAM,),
+        ),
+    ]
+    scale: Annotated[
+        bool,
+        Option(
+            False,
+            help="the correlation (np.corrcoef): --center, and each variable scaled to unit "
+            "variance (a constant one gives NaN, as in numpy)",
+            commands=(GRAM,),
+        ),
+    ]
+    ddof: Annotated[
+        int | None,
+        Option(
+            None,
+            help="with --center: G is divided by n - ddof (default 1, as np.cov)",
+            metavar="N",
+            parse=parse_ddof,
+            commands=(GRAM,),
+        ),
+    ]
+    kinship: Annotated[
+        bool,
+        Option(
+            False,
+            help="VanRaden's genomic relationship matrix of genotype dosages (0/1/2): each "
+            "variant (the summed axis) centred by 2p and scaled by 1/sqrt(2p(1-p)), G divided "
+            "by the variants that vary; X is samples x variants with --rows, else variants x "
+            "samples",
+            commands=(GRAM,),
         ),
     ]
     overwrite: Annotated[

@@ -43,15 +43,16 @@ def accumulator_dtype(out_dtype: str) -> str:
 
 
 def output_dtypes(
-    a_dtype: str, b_dtype: str, k: int, requested: str | None = None
+    a_dtype: str, b_dtype: str, k: int, requested: str | None = None, check_range: bool = True
 ) -> tuple[str, str]:
     """(OUT's dtype, the accumulator's) for ``A (.., k) @ B (k, ..)``: ``requested`` (``--dtype``)
     or ``numpy.result_type``; refuses a dtype that drops the inputs' kind (complex to real,
-    float to integer) and integer products whose worst case does not fit."""
+    float to integer) and integer products whose worst case does not fit (``check_range``)."""
     default, _ = result_dtype(a_dtype, b_dtype)
     out = default if requested is None else parse_dtype(requested)
     _check_kind(a_dtype, b_dtype, out)
-    _check_range(a_dtype, b_dtype, k, out, requested is None)
+    if check_range:
+        _check_range(a_dtype, b_dtype, k, out, requested is None)
     return out, accumulator_dtype(out)
 
 

@@ -20,7 +20,9 @@ from pipeline.plan.spec import ArraySpec, OutputSpec
 
 def output_spec(a: ArraySpec, b: ArraySpec, request: OutputSpec) -> tuple[ArraySpec, str]:
     """OUT's spec and the accumulator dtype; refuses a bad layout or an unsafe dtype."""
-    out_dtype, compute_dtype = output_dtypes(a.dtype, b.dtype, a.shape[1], request.dtype)
+    out_dtype, compute_dtype = output_dtypes(
+        a.dtype, b.dtype, a.shape[1], request.dtype, check_range=not request.standardized
+    )
     default = (a.chunks[0], b.chunks[1])
     chunks, shards = request.chunks, request.shards
     if chunks is None and shards is None and (a.shards or b.shards) and request.zarr_format == 3:

@@ -50,6 +50,9 @@ class OutputSpec:
     """3, or 2 inside a Zarr v2 group (xarray would not see a v3 array there): no shards."""
     accumulate: bool = False
     """OUT holds C for ``C ← α·A·B + β·C``: each task also reads and keeps C's original tile."""
+    standardized: bool = False
+    """The product is of X standardized (pipeline.plan.standardize): floats, whatever X's
+    dtype, so integer inputs' worst case is not checked against OUT's range."""
 
 
 @dataclass(frozen=True)

@@ -72,6 +72,9 @@ class BandWriter:
     def _write(self, band: tuple[int, int], partial: NDArray[Any]) -> None:
         with self._clock.measure("write"):
             data = accumulate.combine(self._spec, partial, self._prior(band))
+            if self._spec.standardize is not None:
+                first = self.todo.rows[0]
+                self._spec.standardize.finish(data, first + band[0], self._tile.cols[0])
             self._spec.output.check_fence(self._spec.lock_token)
             if self._spec.store.symmetric:  # with its mirror (pipeline.store.mirror): no entry
                 self.crc = mirror.write_band(self.out, self._tile, band, data, self.crc)

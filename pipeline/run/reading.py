@@ -81,7 +81,10 @@ def read_panel(
         with clock.measure("decode"), LEDGER.measure("copy"):
             if into is None:
                 into = owned_array(host_pool(spec.buffer_bytes), shape, spec.read_dtype)
-            return inputs.read_block(array, *at, spec.read_dtype, which, url, into)
+            block = inputs.read_block(array, *at, spec.read_dtype, which, url, into)
+            if spec.standardize is not None:
+                spec.standardize.apply(block, *at)
+            return block
 
     def used(panel: NDArray[Any]) -> NDArray[Any]:
         return panel.T if flip else panel

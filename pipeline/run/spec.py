@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from kernels.backends import get_backend
 from pipeline.options.job_options import JobOptions
 from pipeline.plan.spec import StoreSpec
+from pipeline.plan.standardize import Standardize
 from pipeline.store.output import Output
 
 
@@ -49,6 +50,9 @@ class TaskSpec:
     """The kernel's arithmetic (kernels.backends.PRECISIONS), already checked for the backend."""
     panel_dtype: str = ""
     """The dtype panels are read in (MatmulPlan.panel_dtype); "": the compute dtype."""
+    standardize: Standardize | None = None
+    """A covariance, correlation or kinship: X's panels are standardized as they are read,
+    with these measured shifts and scales (pipeline.plan.standardize)."""
     options: JobOptions = field(default_factory=JobOptions)
     """What the caller asked, every option as checked: a task reads the options it acts on
     here (``spec.options.gpu_decode``, ``.alpha``, ``.accumulate``, ``.progress``, ...), so an

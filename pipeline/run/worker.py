@@ -61,6 +61,8 @@ def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
     with clock.measure("write"):
         old = None if originals is None else originals.rows(0, tile.shape[0])
         data = accumulate.combine(spec, partial, old)
+        if spec.standardize is not None:
+            spec.standardize.finish(data, tile.rows[0], tile.cols[0])
         out = spec.output.writable(spec.fingerprint)
         spec.output.check_fence(spec.lock_token)
         if spec.store.symmetric:  # the tile and its mirror (pipeline.store.mirror)

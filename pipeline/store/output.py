@@ -22,6 +22,7 @@ from zarr.codecs import BloscCodec
 
 from pipeline import settings
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
+from pipeline.plan.standardize import MOMENTS_KEY, Standardize
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import door, groups, journal, lock, owned, signature
 from pipeline.store.direct import OutStore
@@ -274,16 +275,22 @@ class Output:
         fingerprint: str,
         state: dict[str, Any],
         alpha: float | None = None,
+        standardize: Standardize | None = None,
     ) -> set[tuple[int, int]]:
         """Tiles journaled under this plan whose bytes still match their checksum; OUT started
         as another product is refused, naming what differs (``alpha``: this run's --alpha,
-        None when not known)."""
+        None when not known; ``standardize``: this run's)."""
         if state.get("fingerprint") != fingerprint:
-            raise UsageError(self._resume_refusal(plan, fingerprint, state, alpha))
+            raise UsageError(self._resume_refusal(plan, fingerprint, state, alpha, standardize))
         return journal.finished_tiles(self.url, self.storage_options, plan, fingerprint, state)
 
     def _resume_refusal(
-        self, plan: MatmulPlan, fingerprint: str, state: dict[str, Any], alpha: float | None
+        self,
+        plan: MatmulPlan,
+        fingerprint: str,
+        state: dict[str, Any],
+        alpha: float | None,
+        standardize: Standardize | None = None,
     ) -> str:
         """Why --resume cannot go on, in flags: the options that differ from OUT's record;
         else OUT's shape against this product's; else the inputs' fingerprint."""
@@ -292,6 +299,7 @@ class Output:
             transpose_a=plan.transposed[0], transpose_b=plan.transposed[1],
             symmetric=plan.symmetric, precision=plan.precision,
             alpha=started.alpha if alpha is None else None if alpha == 1 else float(alpha),
+            standardize=None if standardize is None else standardize.record(),
         )  # fmt: skip
         name = f"--resume: {'G' if plan.symmetric else 'OUT'} ({self.url})"
         if found := differences(started, given):
@@ -331,9 +339,16 @@ class Output:
         journal.forget(self.url, self.storage_options, tiles)
 
     def mark(
-        self, fingerprint: str, *, complete: bool | None = None, verified: bool | None = None
+        self,
+        fingerprint: str,
+        *,
+        complete: bool | None = None,
+        verified: bool | None = None,
+        standardize: Standardize | None = None,
     ) -> None:
-        """Set the fingerprint, ``complete`` and ``verified`` (those given) in OUT's record."""
+        """Set the fingerprint, ``complete`` and ``verified`` (those given) in OUT's record;
+        ``standardize``: the measured standardization it states (and the shifts and scales in
+        OUT's ``tilegemm_moments`` attribute, where there are few enough)."""
         array = self._open("r+")
         current = of_array(array)
         if current is None and ATTRS_KEY in dict(array.attrs):
@@ -349,7 +364,13 @@ class Output:
             complete=base.complete if complete is None else complete,
             verified=base.verified if verified is None else verified,
         )
-        array.attrs.update(marked.attributes())
+        attributes = marked.attributes()
+        if standardize is not None:
+            marked = dataclasses.replace(marked, standardize=standardize.record())
+            attributes = marked.attributes()
+            if (moments := standardize.stored()) is not None:
+                attributes[MOMENTS_KEY] = moments
+        array.attrs.update(attributes)
 
     def check_fence(self, lock_token: str) -> None:
         """Worker side, before each write: the job that sent this task still holds OUT's lock

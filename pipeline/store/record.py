@@ -22,9 +22,16 @@ MAX_TEXT_CHARS = 256
 """The longest fingerprint or precision name a record holds."""
 FIELDS = (
     "complete", "fingerprint", "tile_shape", "transpose_a", "transpose_b", "symmetric",
-    "precision", "alpha", "verified", "generated",
+    "precision", "alpha", "verified", "generated", "standardize",
 )  # fmt: skip
 """The stored names, in the order they are written."""
+
+
+STANDARDIZE_FIELDS = (
+    "mode", "axis", "ddof", "divisor", "count", "digest", "variants_used", "monomorphic",
+    "constant",
+)  # fmt: skip
+"""What a standardized Gram product's record states."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +56,9 @@ class OutRecord:
     """``--alpha`` when not 1 (verify checks C == α·A·B)."""
     seed: int | None = None
     """A ``random`` array's seed (stored as ``generated.seed``)."""
+    standardize: dict[str, str | int] | None = None
+    """A covariance, correlation or kinship (``gram --center``, ``--scale``, ``--kinship``):
+    its mode, axis, divisor and counts (pipeline.plan.standardize.Standardize.record)."""
 
     def __post_init__(self) -> None:
         for name in ("complete", "verified", "transpose_a", "transpose_b", "symmetric"):
@@ -69,6 +79,15 @@ class OutRecord:
             raise ValueError(f"alpha is {self.alpha!r}, not a finite number")
         if self.seed is not None and not _count(self.seed, 0):
             raise ValueError(f"seed is {self.seed!r}, not an integer >= 0")
+        std = self.standardize
+        if std is not None and not (
+            isinstance(std, dict)
+            and set(std) <= set(STANDARDIZE_FIELDS)
+            and all(
+                isinstance(v, str) and len(v) <= 64 or _count(v, -(2**62)) for v in std.values()
+            )
+        ):
+            raise ValueError(f"standardize is {std!r}, not a standardization's record")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> OutRecord:
@@ -101,6 +120,7 @@ class OutRecord:
             "alpha": self.alpha,
             "verified": self.verified,
             "generated": None if self.seed is None else {"seed": self.seed},
+            "standardize": self.standardize,
         }
         for name in ("transpose_a", "transpose_b", "symmetric"):
             found[name] = True if getattr(self, name) else None
@@ -129,7 +149,8 @@ class Difference:
 def differences(started: OutRecord, given: OutRecord) -> list[Difference]:
     """The options of the product recorded in ``started`` (OUT's) that ``given`` (the record
     this run would write) does not share: transposes (``--rows`` for a Gram product), the
-    precision and α. A Gram product against a plain one is one difference."""
+    precision, α and a Gram product's standardization. A Gram product against a plain one is
+    one difference."""
     if started.symmetric != given.symmetric:
         kinds = {True: "a Gram product (`gram`)", False: "a plain product (`multiply`)"}
         command = "`gram`" if started.symmetric else "`multiply`"
@@ -152,7 +173,21 @@ def differences(started: OutRecord, given: OutRecord) -> list[Difference]:
     if started.alpha != given.alpha:
         now_alpha = f"--alpha {_text(1.0 if given.alpha is None else given.alpha)}"
         found.append(Difference(alpha_flag(started), now_alpha, alpha_flag(started)))
+    then, now = _standardized(started), _standardized(given)
+    if then != now:
+        none = "no --center, --scale or --kinship"
+        was = f"with {then}" if then else "without --center, --scale or --kinship"
+        found.append(Difference(was, now or none, was))
     return found
+
+
+def _standardized(record: OutRecord) -> str:
+    """A Gram product's standardization in flags (``--center --ddof 1``); "" for none."""
+    std = record.standardize or {}
+    if "mode" not in std:
+        return ""
+    ddof = f" --ddof {std['ddof']}" if std["mode"] == "center" and "ddof" in std else ""
+    return f"--{std['mode']}{ddof}"
 
 
 def alpha_flag(record: OutRecord) -> str:

@@ -36,6 +36,7 @@ when B has non-finite columns: all-finite inputs cost no extra pass.
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +48,9 @@ from kernels.backends import PRECISIONS
 from pipeline.errors import InputError, JobError, UnfinishedOutputError
 from pipeline.plan.operands import operands
 from pipeline.plan.spec import ArraySpec
+from pipeline.plan.standardize import Standardize
+from pipeline.plan.standardize import from_record as standardize_from_record
+from pipeline.run import moments
 from pipeline.run.client import input_error, wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
@@ -104,6 +108,10 @@ class VerifyResult:
     """(row, column) of the first element of C whose finiteness differs from the implied one."""
     asymmetric: int | None = None
     """A Gram product's elements not bitwise equal to their mirror (None: not one)."""
+    product: str = "A @ B"
+    """What C was checked against, in words."""
+    recompute: str = "python -m pipeline multiply A B C --overwrite"
+    """The command that computes C again."""
 
     @property
     def pattern_matches(self) -> bool:
@@ -149,11 +157,14 @@ def verify_product(
     alpha: float | None = None,
     c_old: tuple[str, float] | None = None,
     precision: str | None = None,
+    standardize: Standardize | None = None,
 ) -> VerifyResult:
     """Check C == α·op(A)·op(B) (+ β·C_old: ``c_old`` = (its URL, β), after --accumulate);
     the transposes, α and the precision (the tolerance's) default to those C's attributes
     record (fp32 for a C without ours), and a Gram product's C (recorded symmetric) must also
-    equal its transpose bitwise."""
+    equal its transpose bitwise. A covariance, correlation or kinship (recorded) is checked
+    against X standardized: ``standardize`` (measured), else X's moments measured again, which
+    must match the record's digest."""
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))  # for any worker's cwd
@@ -164,6 +175,8 @@ def verify_product(
     if c_old is not None or alpha != 1:
         old_url, beta = c_old if c_old is not None else (None, 0.0)
         scaled = (None if old_url is None else absolute(old_url), float(alpha), float(beta))
+    if standardize is None and ours is not None and ours.standardize is not None:
+        standardize = _measured_again(client, a_url, options, ours.standardize, c_url)
     rng = np.random.default_rng(seed)
     r = rng.choice(np.array([-1.0, 1.0]), size=(b.shape[1], rounds))
     sample = _sample_rows(rng, a.shape[0], a.chunks[0])
@@ -176,12 +189,16 @@ def verify_product(
         transposed,
         scaled,
         precision,
+        standardize,
     )
     run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
     line = CheckLine(progress)
     try:
         mirrors = symmetry.submit(client, job, run) if symmetric else None
         result = _check(client, job, run, line)
+        if symmetric:
+            product, recompute = _gram_words(transposed[1], standardize)
+            result = dataclasses.replace(result, product=product, recompute=recompute)
         return symmetry.add(result, mirrors) if mirrors else result
     finally:
         line.close()
@@ -299,6 +316,38 @@ def _operation(
             f"C must be {m}x{n}"
         )
     return (a, b, c), transposed, symmetric, ours
+
+
+def _gram_words(rows: bool, std: Standardize | None) -> tuple[str, str]:
+    """A Gram product's VerifyResult.product and .recompute."""
+    flags = " --rows" if rows else ""
+    what = "X·Xᵀ" if rows else "Xᵀ·X"
+    if std is not None:
+        kind = {"center": "covariance", "scale": "correlation", "kinship": "kinship"}[std.mode]
+        what = f"the {kind} of X ({what} of X standardized)"
+        flags += f" --{std.mode}" + (f" --ddof {std.ddof}" if std.mode == "center" else "")
+    return what, f"python -m pipeline gram X G{flags} --overwrite"
+
+
+def _measured_again(
+    client: Client, x_url: str, options: dict[str, Any], record: dict[str, Any], c_url: str
+) -> Standardize:
+    """X's standardization as C's record states it, measured again; X must give the shifts
+    and scales C was computed with."""
+    try:
+        asked = standardize_from_record(record)
+    except ValueError as e:
+        raise InputError(
+            f"C ({c_url}) records a standardization this tool cannot read: {e}"
+        ) from None
+    std = moments.measure(client, x_url, options, asked)
+    if record.get("digest") not in (None, std.digest()):
+        raise InputError(
+            f"X's {'allele frequencies' if std.mode == 'kinship' else 'means'} are not those "
+            f"C ({c_url}) was computed with (digest {std.digest()}, recorded "
+            f"{record.get('digest')}): X changed after C was written; compute C again"
+        )
+    return std
 
 
 def _open_c(c_url: str, options: dict[str, Any] | None) -> tuple[Any, OutRecord | None]:

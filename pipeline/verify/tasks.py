@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 from kernels.backends import PRECISION_UNIT
 from pipeline.plan.dtypes import accumulator_dtype, result_dtype
 from pipeline.plan.spec import ArraySpec
+from pipeline.plan.standardize import Standardize
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import inputs as io
 from pipeline.verify.accumulated import checked_c
@@ -109,6 +110,9 @@ class CheckSpec:
     precision: str = "fp32"
     """What C was computed at (kernels.backends.PRECISIONS): tensor precisions round every
     factor, which the tolerance adds (pipeline/verify/check.py)."""
+    standardize: Standardize | None = None
+    """A covariance, correlation or kinship: C is the Gram product of X standardized with
+    these shifts and scales, which the operands apply as they are read."""
 
     __repr__ = redacted_repr
 
@@ -246,7 +250,12 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
     bound = _unit(compute) * np.sqrt(max(k, 1)) * a_norm * b_norm + factors + stored
     measured = noise * a_norm * b_norm + stored
     verifier = U64 * (np.sqrt(max(k, 1)) * a_norm * b_norm + np.sqrt(n) * c_norm)
-    tol = TAU * (np.minimum(bound, measured) + verifier) + np.finfo(np.float64).tiny
+    expected = np.minimum(bound, measured)
+    if job.standardize is not None:
+        # Standardized panels repeat values (a binary variable has two), whose terms round the
+        # same way: the worst case k·u, not √k·u, and the panels' own rounding to the dtype.
+        expected = _unit(compute) * (max(k, 1) + 2) * a_norm * b_norm + factors + stored
+    tol = TAU * (expected + verifier) + np.finfo(np.float64).tiny
     residual = np.abs(cr - abr)
     ratio = np.asarray((residual / tol[:, None]).max(axis=1, initial=0.0), dtype=np.float64)
     # Rows of A that are not finite (C's row must be non-finite) and rows whose C has non-finite
@@ -261,7 +270,7 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
 
 def _operand(job: CheckSpec, index: int) -> Any:
     url, name = job.urls[index], "AB"[index]
-    return open_operand(url, job.options, name, job.transposed[index])
+    return open_operand(url, job.options, name, job.transposed[index], job.standardize)
 
 
 def asymmetric(job: CheckSpec, rows: tuple[int, int]) -> int:

@@ -1,13 +1,17 @@
 """An input read transposed, for the verifier: op(X) = Xᵀ presented with its own shape, chunks
-and dtype, read from X's stored blocks (the tile tasks transpose in pipeline.run.reading)."""
+and dtype, read from X's stored blocks (the tile tasks transpose in pipeline.run.reading); and
+a standardized X (a covariance's, correlation's or kinship's), standardized block by block as
+it is read, never whole."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from numpy.typing import NDArray
 
+from pipeline.plan.standardize import Standardize
 from pipeline.store import inputs
 
 
@@ -30,9 +34,37 @@ class Transposed:
         return self.stored.dtype
 
 
-def open_operand(url: str, options: dict[str, Any], name: str, transposed: bool) -> Any:
+@dataclass(frozen=True)
+class Standardized:
+    """(X − shift)·scale of an opened input X, in float64: block ``[rows, cols]`` is X's."""
+
+    stored: Any
+    standardize: Standardize
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (int(self.stored.shape[0]), int(self.stored.shape[1]))
+
+    @property
+    def chunks(self) -> tuple[int, int]:
+        return (int(self.stored.chunks[0]), int(self.stored.chunks[1]))
+
+    @property
+    def dtype(self) -> Any:
+        return np.dtype(np.float64)
+
+
+def open_operand(
+    url: str,
+    options: dict[str, Any],
+    name: str,
+    transposed: bool,
+    standardize: Standardize | None = None,
+) -> Any:
     """An input opened read-only in a task, as the product uses it."""
     array = inputs.open_on_worker(url, options, name)
+    if standardize is not None:
+        array = Standardized(array, standardize)
     return Transposed(array) if transposed else array
 
 
@@ -41,7 +73,10 @@ def read_operand(
 ) -> NDArray[Any]:
     """``inputs.read_block`` of an operand as used (a transposed view of the stored block when
     read transposed: no copy), as verify reads it (a bad chunk's fix: verify again)."""
-    again = ", then verify again"
     if isinstance(array, Transposed):
-        return inputs.read_block(array.stored, cols, rows, dtype, retry=again).T
-    return inputs.read_block(array, rows, cols, dtype, retry=again)
+        return read_operand(array.stored, cols, rows, dtype).T
+    if isinstance(array, Standardized):
+        block = read_operand(array.stored, rows, cols, "float64")
+        array.standardize.apply(block, rows, cols)
+        return block.astype(dtype, copy=False)
+    return inputs.read_block(array, rows, cols, dtype, retry=", then verify again")
