@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-model calibrate bench-gpu bench-feed gpu-session fuzz clean
+.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-gram bench-model calibrate bench-gpu bench-feed gpu-session fuzz clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -74,6 +74,13 @@ calibrate: venv
 # dask threads; a few minutes on 2 cores.
 bench-general: venv
 	$(PY) -m benchmarks.general_products --shape 32768x4096 --chunk 2048 --repeats 3
+
+# Integer Grams (int8 -> int32, int16 -> int64) against their float32 twins and dask threads,
+# --center/--scale against plain gram and np.cov/np.corrcoef, and their accuracy (X 16384x1536
+# in 2048x512 chunks); data in GRAM_DATA. Dask's int8 product is killed past 300 s.
+GRAM_DATA ?= bench-data/gram
+bench-gram: venv
+	$(PY) -m benchmarks.gram_products --shape 16384x1536 --chunk 2048x512 --repeats 3 --data $(GRAM_DATA)
 
 # How well the host feeds a GPU, on an EMULATED device (no GPU needed): compute-bound and
 # balanced, 8192² float32 in 2048² zstd chunks.
