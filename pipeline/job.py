@@ -39,6 +39,7 @@ from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.plan.limits import computed_regions, read_lower_bound
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.plan.spec import ArraySpec, StoreSpec
+from pipeline.plan.standardize import Standardize
 from pipeline.plan.standardize import describe as describe_standardize
 from pipeline.run import moments
 from pipeline.run.client import (
@@ -206,11 +207,11 @@ class MatmulJob:
             spec = replace(
                 self._task_spec(plan, backend), lock_token=held.token, out_folder=held.folder
             )
-            if opts.standardize is not None:  # X's means (and spreads), before any tile
+            std = None  # a covariance's, correlation's or kinship's, measured before any tile
+            if opts.standardize is not None:
                 std = moments.measure(
                     c, self.store.a_url, self.store.storage_options, opts.standardize
                 )
-                spec = replace(spec, standardize=std)
             at_start = resume.listings(self.store)
             self.output.check_apart(  # again under OUT's lock, before anything is written
                 [("A", self.store.a_url), ("B", self.store.b_url)]
@@ -219,7 +220,7 @@ class MatmulJob:
             resumed = self._written_rows(plan, spec.fingerprint, skip) if opts.resume else {}
             before = worker_usage(c)
             try:
-                futures = submit_plan(c, plan, spec, skip, resumed)
+                futures = submit_plan(c, plan, spec, skip, resumed, std)
                 run = collect(c, futures, plan, opts.progress, spec.run_id)
             finally:
                 release_panels(c, spec.run_id)
@@ -233,9 +234,9 @@ class MatmulJob:
                     accumulate.mark_complete(self.output)
                     accumulate.remove(self.output)  # the originals are no longer needed
             else:
-                self.output.mark(spec.fingerprint, complete=True, standardize=spec.standardize)
+                self.output.mark(spec.fingerprint, complete=True, standardize=std)
                 journal.forget_bands(self.output.url, self.output.storage_options)
-                verified = self._verify(c, spec) if opts.verify else None
+                verified = self._verify(c, spec.fingerprint, std) if opts.verify else None
             self.output.refresh_consolidated()  # so xarray's open_zarr(group) lists OUT
         seconds = time.perf_counter() - started
         # A resume computes a part: its reads are measured against that part's bound.
@@ -393,15 +394,15 @@ class MatmulJob:
             )
         return result.passed
 
-    def _verify(self, client: Client, spec: TaskSpec) -> bool:
+    def _verify(self, client: Client, fp: str, std: Standardize | None) -> bool:
         from pipeline.verify.check import verify_product
 
         store = self.store
         result = verify_product(
             client, store.a_url, store.b_url, store.out_url, store.storage_options,
-            progress=self.options.progress, standardize=spec.standardize,
+            progress=self.options.progress, standardize=std,
         )  # fmt: skip
-        self.output.mark(spec.fingerprint, verified=result.passed)
+        self.output.mark(fp, verified=result.passed)
         return result.passed
 
 

@@ -37,6 +37,7 @@ from pipeline.errors import (
     UsageError,
 )
 from pipeline.plan.matmul import MatmulPlan
+from pipeline.plan.standardize import Standardize
 from pipeline.run import events, worker
 from pipeline.run.faults import restart_faulted
 from pipeline.run.progress import ProgressLine
@@ -176,12 +177,18 @@ def submit_plan(
     spec: TaskSpec,
     skip: set[tuple[int, int]],
     resume: dict[tuple[int, int], tuple[int, int]] | None = None,
+    standardize: Standardize | None = None,
 ) -> dict[tuple[int, int], Future[Any]]:
     """Submit every unfinished tile; returns one future per tile, resolving to TileStats.
-    ``resume``: tiles that wrote some bands (see journal.written_rows) compute the rest."""
+    ``resume``: tiles that wrote some bands (see journal.written_rows) compute the rest.
+    ``standardize`` (its shifts and scales, up to one per variant) goes to each worker once,
+    not with every task."""
     run = uuid.uuid4().hex[:8]  # fresh keys: never reuse a result from an earlier run
     groups = plan.k_groups()
     futures = {}
+    given: dict[str, Any] = {}
+    if standardize is not None:
+        given["standardize"] = client.scatter(standardize, broadcast=True, hash=False)
     for order, tile in enumerate(plan.tiles()):
         if tile.index in skip:
             continue
@@ -191,16 +198,18 @@ def submit_plan(
         if plan.split_k == 1:
             futures[tile.index] = submit(
                 worker.tile_product_write, spec, tile, groups[0], (resume or {}).get(tile.index),
-                key=f"matmul-tile-{token}",
+                key=f"matmul-tile-{token}", **given,
             )  # fmt: skip
             continue
         partials = [
-            submit(worker.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}")
+            submit(
+                worker.tile_product, spec, tile, group, key=f"matmul-partial-{token}-{g}", **given
+            )
             for g, group in enumerate(groups)
         ]
         total = _tree_sum(submit, partials, token)
         futures[tile.index] = submit(
-            worker.tile_write, spec, tile, total, key=f"matmul-write-{token}"
+            worker.tile_write, spec, tile, total, key=f"matmul-write-{token}", **given
         )
     return futures
 

@@ -52,7 +52,8 @@ class TaskSpec:
     """The dtype panels are read in (MatmulPlan.panel_dtype); "": the compute dtype."""
     standardize: Standardize | None = None
     """A covariance, correlation or kinship: X's panels are standardized as they are read,
-    with these measured shifts and scales (pipeline.plan.standardize)."""
+    with these measured shifts and scales (pipeline.plan.standardize). Set on the worker from
+    what the job sent it once (pipeline.run.client.submit_plan), never pickled per task."""
     options: JobOptions = field(default_factory=JobOptions)
     """What the caller asked, every option as checked: a task reads the options it acts on
     here (``spec.options.gpu_decode``, ``.alpha``, ``.accumulate``, ``.progress``, ...), so an

@@ -7,7 +7,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from numpy.typing import NDArray
@@ -18,6 +18,7 @@ from pipeline.accumulate import tasks as accumulate
 from pipeline.errors import InputUnreachableError
 from pipeline.plan.matmul import row_bands
 from pipeline.plan.spec import Tile
+from pipeline.plan.standardize import Standardize
 from pipeline.run import events, staged
 from pipeline.run.band_writer import BandWriter
 from pipeline.run.reading import open_task, read_panel
@@ -26,12 +27,19 @@ from pipeline.run.timing import PhaseTimes, add_phases
 from pipeline.store import mirror
 
 
-def tile_product(spec: TaskSpec, tile: Tile, panels: tuple[tuple[int, int], ...]) -> Any:
+def tile_product(
+    spec: TaskSpec,
+    tile: Tile,
+    panels: tuple[tuple[int, int], ...],
+    standardize: Standardize | None = None,
+) -> Any:
     """``A[rows, K] @ B[K, cols]`` over the given K panels, in one accumulator.
 
     Returns (partial, bytes_read, phases). The next panel is read while the current one
-    multiplies.
+    multiplies. ``standardize``: a covariance's, correlation's or kinship's (sent once per
+    worker, not in ``spec``).
     """
+    spec = _given(spec, standardize)
     clock = PhaseTimes()
     if spec.staged:
         with _inputs_named(spec):
@@ -51,8 +59,11 @@ def sum_partials(x: Any, y: Any) -> Any:
     return x[0] + y[0], x[1] + y[1], phases  # new array: a retry must not see a mutated input
 
 
-def tile_write(spec: TaskSpec, tile: Tile, product: Any) -> TileStats:
+def tile_write(
+    spec: TaskSpec, tile: Tile, product: Any, standardize: Standardize | None = None
+) -> TileStats:
     """Write the tile's whole chunks (this task is their only writer), then journal it."""
+    spec = _given(spec, standardize)
     start = time.perf_counter()
     partial, bytes_read, phases = product
     clock = PhaseTimes()
@@ -80,11 +91,13 @@ def tile_product_write(
     tile: Tile,
     panels: tuple[tuple[int, int], ...],
     resume: tuple[int, int] | None = None,
+    standardize: Standardize | None = None,
 ) -> TileStats:
     """The unsplit case: product and write in one task, so the tile never leaves the worker;
     the last panel goes band by band and each finished band is journaled, then written, in a
     thread (pipeline.run.band_writer). ``resume`` (the first row not written, the crc32 of the
     rows before it): a resumed tile computes only its unwritten rows."""
+    spec = _given(spec, standardize)
     start = time.perf_counter()
     clock = PhaseTimes()
     with BandWriter(spec, tile, resume, clock) as writer, _inputs_named(spec):
@@ -96,6 +109,10 @@ def tile_product_write(
             bytes_read = _multiply(spec, todo, panels, acc, clock, writer.accept)
         writer.finish()
     return _journal(spec, tile, bytes_read, start, writer.crc, clock.as_dict())
+
+
+def _given(spec: TaskSpec, standardize: Standardize | None) -> TaskSpec:
+    return spec if standardize is None else replace(spec, standardize=standardize)
 
 
 @contextlib.contextmanager
