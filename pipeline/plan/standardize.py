@@ -30,8 +30,9 @@ from numpy.typing import NDArray
 
 from pipeline.errors import InputError, UsageError
 
-MODES = ("center", "scale", "kinship")
-"""The standardizations, by their flags."""
+KINDS = {"center": "covariance", "scale": "correlation", "kinship": "kinship"}
+"""The standardizations, by their flags, and what each makes G."""
+MODES = tuple(KINDS)
 DOSAGES = (0.0, 2.0)
 """The values a diploid genotype dosage takes at most (kinship refuses others)."""
 MAX_STORED = 65536
@@ -109,6 +110,21 @@ class Standardize:
     constant: int = 0
     """Variables (kinship: variants) with no spread: NaN rows of a correlation, left out of a
     kinship."""
+
+    @property
+    def kind(self) -> str:
+        """What G is: covariance, correlation or kinship."""
+        return KINDS[self.mode]
+
+    @property
+    def measures(self) -> str:
+        """What the pass over X measures, in words."""
+        return "allele frequencies" if self.mode == "kinship" else "means"
+
+    @property
+    def flags(self) -> str:
+        """The command line's flags for it: ``--center --ddof 1``, ``--scale``, ``--kinship``."""
+        return f"--{self.mode}" + (f" --ddof {self.ddof}" if self.mode == "center" else "")
 
     def apply(self, block: NDArray[Any], rows: tuple[int, int], cols: tuple[int, int]) -> None:
         """Standardize ``block`` = X[rows, cols] (as stored) in place: computed in float64,
@@ -223,7 +239,7 @@ def output_dtype(std: Standardize, x_dtype: str, requested_dtype: str | None) ->
         return "float64" if np.dtype(x_dtype) == np.float64 else "float32"
     if np.dtype(requested_dtype).kind != "f":
         raise UsageError(
-            f"--dtype {requested_dtype}: a {_what(std.mode)} is not whole numbers; choose "
+            f"--dtype {requested_dtype}: a {std.kind} is not whole numbers; choose "
             "float32 or float64"
         )
     return requested_dtype
@@ -238,15 +254,11 @@ def describe(std: Standardize) -> str:
             "by 1/sqrt(2p(1-p)), G divided by the variants that vary; one more pass over X "
             "first, for p"
         )
-    what = {"center": "covariance", "scale": "correlation"}[std.mode]
+    what = std.kind
     divisor = f", divided by n - {std.ddof}" if std.mode == "center" else ""
     return f"{what} of X's {over}{divisor}; one more pass over X first, for their means" + (
         " and spreads" if std.mode == "scale" else ""
     )
-
-
-def _what(mode: str) -> str:
-    return {"center": "covariance", "scale": "correlation", "kinship": "kinship"}[mode]
 
 
 def measured(std: Standardize, moments: Moments, x_name: str = "X") -> Standardize:

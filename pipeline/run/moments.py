@@ -53,7 +53,7 @@ def measure(
     x = inputs.open_input(url, options, name)
     shape = (int(x.shape[0]), int(x.shape[1]))
     chunks = (int(x.chunks[0]), int(x.chunks[1]))
-    log.info("measuring the %s of %s (one pass over it)", _what(std), name)
+    log.info("measuring the %s of %s (one pass over it)", std.measures, name)
     run = uuid.uuid4().hex[:8]
     merged = []
     for b, band in enumerate(blocks(shape, chunks, std.axis)):
@@ -83,7 +83,3 @@ def _concatenate(bands: list[Moments]) -> Moments:
         bands[0].count, joined("mean"), joined("m2"), joined("low"), joined("high"),
         joined("nonfinite"),
     )  # fmt: skip
-
-
-def _what(std: Standardize) -> str:
-    return "allele frequencies" if std.mode == "kinship" else "means"

@@ -323,9 +323,8 @@ def _gram_words(rows: bool, std: Standardize | None) -> tuple[str, str]:
     flags = " --rows" if rows else ""
     what = "X·Xᵀ" if rows else "Xᵀ·X"
     if std is not None:
-        kind = {"center": "covariance", "scale": "correlation", "kinship": "kinship"}[std.mode]
-        what = f"the {kind} of X ({what} of X standardized)"
-        flags += f" --{std.mode}" + (f" --ddof {std.ddof}" if std.mode == "center" else "")
+        what = f"the {std.kind} of X ({what} of X standardized)"
+        flags += f" {std.flags}"
     return what, f"python -m pipeline gram X G{flags} --overwrite"
 
 
@@ -343,7 +342,7 @@ def _measured_again(
     std = moments.measure(client, x_url, options, asked)
     if record.get("digest") not in (None, std.digest()):
         raise InputError(
-            f"X's {'allele frequencies' if std.mode == 'kinship' else 'means'} are not those "
+            f"X's {std.measures} are not those "
             f"C ({c_url}) was computed with (digest {std.digest()}, recorded "
             f"{record.get('digest')}): X changed after C was written; compute C again"
         )
