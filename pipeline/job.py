@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from kernels import exact
 from kernels.backends import get_backend
 from pipeline import settings
 from pipeline.accumulate import state as accumulate
@@ -171,8 +170,7 @@ class MatmulJob:
         live = describe_workers(client)
         if get_backend(chosen).calibrates:  # a real GPU's figures (None in the simulator)
             # the float an integer product runs in: our kernels' rates are measured in floats
-            work = exact.product_dtype(self.a.dtype, self.b.dtype, self.plan.compute_dtype)
-            live["device"] = calibrated_device(client, work)
+            live["device"] = calibrated_device(client, self.plan.product_dtype)
         plan = plan_for(
             self.a, self.b, self.options, self.state, live, chosen,
             transposed=self.store.transposed, symmetric=self.store.symmetric,

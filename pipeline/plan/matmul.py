@@ -83,6 +83,12 @@ class MatmulPlan:
         return exact.panel_dtype(self.a.dtype, self.b.dtype, self.compute_dtype)
 
     @property
+    def product_dtype(self) -> str:
+        """The dtype the product runs in at worst (kernels.exact.product_dtype): the compute
+        dtype, or for integers the float of their exact blocks."""
+        return exact.product_dtype(self.a.dtype, self.b.dtype, self.compute_dtype)
+
+    @property
     def panel_width(self) -> int:
         """The widest K panel, in elements."""
         return self.k_panels.widest
@@ -238,7 +244,7 @@ def cpu_work(plan: MatmulPlan) -> Work:
     out_chunks = ceil_div(m, om) * ceil_div(n, on)
     out_objects = ceil_div(m, outer[0]) * ceil_div(n, outer[1])
     acc = plan.flops / max(2 * k, 1) * np.dtype(plan.compute_dtype).itemsize  # a Gram's half
-    product = exact.product_dtype(plan.a.dtype, plan.b.dtype, plan.compute_dtype)
+    product = plan.product_dtype
     return Work(
         flops=plan.flops,
         compute_itemsize=np.dtype(product).itemsize,
