@@ -66,12 +66,12 @@ process_isolation=forkserver
 # mutmut's main process (stats run) would break.
 
 
-def run_target(name: str, module: str, tests: list[str], children: int) -> dict[str, object]:
+def run_target(
+    name: str, module: str, tests: list[str], children: int, worktree: bool = False
+) -> dict[str, object]:
     with tempfile.TemporaryDirectory(prefix=f"mutate-{name}-") as scratch:
         work = Path(scratch)
-        archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True,
-                                 check=True).stdout  # fmt: skip
-        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+        _copy_checkout(work, worktree)
         lines = "\n".join(f"  {t}" for t in tests)
         (work / "setup.cfg").write_text(SETUP_CFG.format(module=module, tests=lines))
         mutmut = [sys.executable, "-m", "mutmut"]
@@ -93,6 +93,21 @@ def run_target(name: str, module: str, tests: list[str], children: int) -> dict[
         counts[status] = counts.get(status, 0) + 1
     return {"module": module, "tests": tests, "seconds": seconds, "counts": counts,
             "survivors": survivors}  # fmt: skip
+
+
+def _copy_checkout(work: Path, worktree: bool) -> None:
+    """HEAD (git archive), or with ``worktree`` the files as they are now, tracked and
+    untracked but not ignored (tests written since the last commit)."""
+    if not worktree:
+        archive = subprocess.run(["git", "archive", "HEAD"], cwd=REPO, capture_output=True,
+                                 check=True).stdout  # fmt: skip
+        subprocess.run(["tar", "-x", "-C", str(work)], input=archive, check=True)
+        return
+    names = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO,
+                           capture_output=True, check=True).stdout  # fmt: skip
+    tar = ["tar", "-c", "--null", "--ignore-failed-read", "-T", "-"]
+    packed = subprocess.run(tar, cwd=REPO, input=names, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(work)], input=packed, check=True)
 
 
 def _diff(mutmut: list[str], work: Path, env: dict[str, str], mutant: str) -> str:
@@ -134,11 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", choices=sorted(TARGETS), help="targets to run")
     parser.add_argument("--children", type=int, default=2, help="mutants tested at once")
     parser.add_argument("--out", type=Path, help="write the report here (default: print it)")
+    parser.add_argument("--worktree", action="store_true",
+                        help="mutate the files as they are now, not HEAD")  # fmt: skip
     args = parser.parse_args(argv)
     results = {}
     for name in args.only or TARGETS:
         module, tests = TARGETS[name]
-        results[name] = run_target(name, module, tests, args.children)
+        results[name] = run_target(name, module, tests, args.children, args.worktree)
         print(f"{name}: {results[name]['counts']} in {results[name]['seconds']:.0f} s", flush=True)
         if args.out:  # after each target: a long run stopped midway keeps what it measured
             args.out.write_text(report(results))
