@@ -45,6 +45,7 @@ def reach(root: str) -> Reach:
     if not stat.S_ISDIR(top.st_mode):
         found.files[""] = _marks(top)
         return found
+    walked = {(top.st_dev, top.st_ino)}  # apart from ids: a name met first may not be walked
     pending = [("", root)]
     while pending:
         rel, path = pending.pop()
@@ -62,10 +63,10 @@ def reach(root: str) -> Reach:
                 continue
             key = (st.st_dev, st.st_ino)
             if stat.S_ISDIR(st.st_mode):
-                if key not in found.ids:
-                    found.ids[key] = name
-                    if chunk_folder(name):  # only where chunk keys live: never a crawl of /
-                        pending.append((name, item.path))
+                found.ids.setdefault(key, name)
+                if key not in walked and chunk_folder(name):  # chunk keys only: never all of /
+                    walked.add(key)
+                    pending.append((name, item.path))
                 continue
             found.ids.setdefault(key, name)
             if stat.S_ISREG(st.st_mode):
