@@ -22,6 +22,7 @@ from distributed import Client
 from kernels.backends import get_backend
 from pipeline import settings
 from pipeline.accumulate import state as accumulate
+from pipeline.accumulate.room import check_room_for_c, describe_room_for_c, room_for_c
 from pipeline.errors import JobError, UsageError
 from pipeline.facts.devices import calibrated_device, emulated_params
 from pipeline.facts.job_plan import (
@@ -52,6 +53,7 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
+from pipeline.run.rollback import roll_back_after_failure
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive.text import redact_url
 from pipeline.sensitive.values import warn_if_exposed
@@ -130,7 +132,9 @@ class MatmulJob:
         lines: tuple[tuple[str, str], ...] = ()
         if (std := self.options.standardize) is not None:
             lines += (("standardized", describe_standardize(std)),)
-        if room := self.room():
+        if self.options.accumulate and (room := room_for_c(self.output)) is not None:
+            lines += (("C", describe_room_for_c(room)),)
+        elif room := self.room():
             lines += ((self._out_name, describe_room(room)),)
         if backends := format_backends(self.backend_times(), self.plan):
             lines += (("backends", backends),)
@@ -186,6 +190,8 @@ class MatmulJob:
         if (room := self.room()) is not None:  # before anything is created
             out = self.plan.out
             check_room(room, self._out_name, self.store.out_url, out.shape, out.dtype)
+        elif opts.accumulate:  # before the first of C's objects is moved
+            check_room_for_c(room_for_c(self.output), self.store.out_url)
         report = report_context(opts.report, opts.storage_options)
         current = (lambda: accumulate.snapshot(self.output)) if opts.accumulate else None
         claim = self.output.claim(
@@ -217,9 +223,14 @@ class MatmulJob:
             skip = self._start_output(plan, spec.fingerprint, state, at_start)
             resumed = self._written_rows(plan, spec.fingerprint, skip) if opts.resume else {}
             before = worker_usage(c)
+            futures: dict[tuple[int, int], Any] = {}
             try:
                 futures = submit_plan(c, plan, spec, skip, resumed, std)
                 run = collect(c, futures, plan, opts.progress, spec.run_id)
+            except Exception:  # an interrupted accumulation is kept for --resume instead
+                if opts.accumulate:
+                    roll_back_after_failure(c, [f.key for f in futures.values()], self.output)
+                raise
             finally:
                 release_panels(c, spec.run_id)
             usage = usage_since(c, before)
@@ -229,8 +240,7 @@ class MatmulJob:
             if opts.accumulate:  # C's metadata is not ours to mark
                 verified = self._finish_accumulation(c) if opts.verify else None
                 if verified is not False:
-                    accumulate.mark_complete(self.output)
-                    accumulate.remove(self.output)  # the originals are no longer needed
+                    accumulate.finish(self.output)  # the originals are no longer needed
             else:
                 self.output.mark(spec.fingerprint, complete=True, standardize=std)
                 journal.forget_bands(self.output.url, self.output.storage_options)
@@ -373,7 +383,7 @@ class MatmulJob:
 
     def _finish_accumulation(self, client: Client) -> bool:
         """Verify α·A·B + β·C_old against C while the originals are still kept; on a failure
-        they stay (C's way back), and the accumulation stays unfinished."""
+        C is rolled back to them."""
         from pipeline.verify.check import verify_product
 
         store, opts = self.store, self.options
@@ -385,10 +395,11 @@ class MatmulJob:
             precision=opts.precision,
         )  # fmt: skip
         if not result.passed:
+            restored = accumulate.roll_back(self.output)
             log.error(
-                "verification failed: C differs from alpha*A@B + beta*C_old; C's original "
-                "values are kept in %s (a Zarr array of C's shape)",
-                original,
+                "verification failed: C differs from alpha*A@B + beta*C_old; C is put back "
+                "as it was before this accumulation (%d stored object(s) moved home)",
+                restored,
             )
         return result.passed
 

@@ -1,45 +1,57 @@
-"""``C ← α·A·B + β·C`` exactly once: the accumulation's state beside C's chunks.
+"""``C ← α·A·B + β·C`` exactly once: the accumulation's protocol, its state beside C's chunks.
 
 Everything lives in ``C/.tilegemm-accumulate/`` (C may be anyone's array: nothing else of it is
-touched but the chunks the tiles rewrite), removed once the accumulation is complete:
+touched but the chunks the tiles rewrite): ``state.json`` (the fingerprint, the tile shape and
+the phase), ``original/`` (C's metadata, and C's stored objects of every tile a task started,
+moved there as they are, keyed as in C), ``saved/tile-I-J.json`` (a tile's originals are all
+moved), and ``journal/`` and ``inputs.json`` as in OUT for a plain product.
 
-- ``state.json``: the fingerprint (inputs, tiling, α, β, C's metadata) and ``complete``;
-- ``original/``: C's own metadata, and C's stored objects (chunks, or shards) of every tile a
-  task has started, moved there as they are (a rename where the store has one: no byte is
-  read, decoded or written), with ``saved/tile-I-J.json`` written once a tile's objects are
-  all moved. A task moves them before its first write to C and always reads C_old from
-  there, never from C: each product is added to the original values once, however often
-  the tile runs;
-- ``journal/`` and ``inputs.json``: as in OUT for a plain product (--resume skips journaled
-  tiles and recomputes those that read a changed input chunk — from the saved originals).
+Each step is one atomic act on disk (a rename, a file written under a temporary name, synced
+and renamed, or a removal), and what a crash leaves is told from the disk alone:
+
+1. **planned**: the input listings and C's metadata written, then ``state.json`` (phase
+   ``running``): that write is the commit point. A folder without ``state.json`` and with no
+   saved original is a start killed before it: any run removes it.
+2. **originals moved**: a tile's task renames C's objects of the tile into ``original/``, then
+   writes the tile's marker (naming the objects C did not hold). From then on C_old of the
+   tile is read from ``original/`` only, so each product is added to it once, however often
+   the tile runs.
+3. **tiles written**: the task writes the tile into C band by band, each journaled.
+   ``--resume`` goes on from here: journaled tiles kept, the others computed again.
+4. **complete**: ``state.json`` rewritten with phase ``complete`` once every tile is written
+   (and verified, with --verify): C holds the new values. Then the folder is removed,
+   ``state.json`` last; any later run that finds a complete state finishes the removal.
+
+A failed or refused accumulation rolls back: phase ``rolling-back``, then every saved original
+moved home over C's object (and the objects C did not hold removed), then the folder removed,
+``state.json`` last. Any later run that finds ``rolling-back`` finishes it first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
+from pipeline.accumulate import crash
+from pipeline.accumulate.originals import METADATA, ORIGINAL, SAVED, STATE, Files, clean, restore
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.store import journal
 from pipeline.store.door import Door
-from pipeline.store.fs import (
-    local_path,
-    read_json,
-    read_small,
-    url_to_fs,
-    write_bytes,
-)
+from pipeline.store.fs import local_path, read_json, read_small, write_bytes
 from pipeline.store.handles import open_output
 from pipeline.store.output import Output
 from pipeline.store.owned import SIDECAR
 from pipeline.store.resume import forget_stale
 from pipeline.store.signature import Listing
 
-STATE = "state.json"
-ORIGINAL = "original"
-SAVED = "saved"
-METADATA = ("zarr.json", ".zarray")  # an array's metadata document, Zarr v3 or v2
+log = logging.getLogger("pipeline")
+__all__ = ["ORIGINAL", "SAVED", "SIDECAR", "STATE"]
+
+RUNNING, COMPLETE, ROLLING_BACK = "running", "complete", "rolling-back"
+TORN = {"fingerprint": None, "phase": RUNNING}
+"""A state file that does not parse: never taken as finished, nor resumed."""
 
 
 def sidecar(out: Output) -> Output:
@@ -48,12 +60,26 @@ def sidecar(out: Output) -> Output:
 
 
 def read_state(out: Output) -> dict[str, Any] | None:
-    torn = {"fingerprint": None, "complete": False}  # never taken as finished
+    """The state (None: no accumulation has started), its ``phase`` always set."""
     try:
         state = read_json(sidecar(out).url, STATE, out.storage_options)
     except ValueError:
-        return torn
-    return state if state is None or isinstance(state, dict) else torn
+        return dict(TORN)
+    if state is None:
+        return None
+    if not isinstance(state, dict):
+        return dict(TORN)
+    phase = state.get("phase", COMPLETE if state.get("complete") else RUNNING)
+    return {**state, "phase": phase if phase in (RUNNING, COMPLETE, ROLLING_BACK) else RUNNING}
+
+
+def _write_state(out: Output, state: dict[str, Any]) -> None:
+    data = json.dumps({**state, "complete": state["phase"] == COMPLETE}).encode()
+    local = local_path(out.url)
+    if local is not None:  # synced: a state is a commit point
+        Door(local, "C").write(f"{SIDECAR}/{STATE}", data, durable=True)
+    else:
+        write_bytes(sidecar(out).url, STATE, data, out.storage_options)
 
 
 def start(
@@ -65,22 +91,21 @@ def start(
     *,
     resume: bool,
 ) -> set[tuple[int, int]]:
-    """Begin an accumulation (its originals array, input listings and state), or for --resume
-    return the tiles an unfinished one journaled that read no input changed since (the others
-    are computed again, from the saved originals). The caller holds C's lock."""
-    state = read_state(out)
-    if state is not None and state.get("complete"):
-        remove(out)  # a finished one killed while cleaning up
-        state = None
+    """Begin an accumulation, or for --resume return the tiles an unfinished one journaled
+    that read no input changed since (the others are computed again, from the saved
+    originals). What an earlier run left is finished first: a complete one's folder removed,
+    a rollback completed. The caller holds C's lock."""
+    state = settle(out)
     if state is None and resume:
         raise UsageError(
-            f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished, "
-            "or none started); rerun without --resume to add the product again"
+            f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished "
+            "or was rolled back, or none started); rerun without --resume to add the product"
         )
     if state is not None and not resume:
         raise UsageError(
             f"C ({out.url}) holds an unfinished accumulation (some tiles are updated, others "
-            "not); rerun it with --resume to finish it: each product is added exactly once"
+            "not); finish it with the same command and --resume (each product is added "
+            "exactly once); C reads right only after that"
         )
     if state is not None:
         if state.get("fingerprint") != fp:
@@ -94,76 +119,75 @@ def start(
     return set()
 
 
+def settle(out: Output) -> dict[str, Any] | None:
+    """Finish what an earlier run left (a complete accumulation's folder, a rollback); the
+    state of an unfinished accumulation, or None when there is none now."""
+    state = read_state(out)
+    if state is not None and state["phase"] == COMPLETE:
+        log.info("removing the folder of a finished accumulation into C (%s)", out.url)
+        clean(out)
+        return None
+    if state is not None and state["phase"] == ROLLING_BACK:
+        log.info("finishing the rollback of a failed accumulation into C (%s)", out.url)
+        restore(out)
+        clean(out)
+        return None
+    if state is None:
+        _clear_unstarted(out)
+    return state
+
+
+def _clear_unstarted(out: Output) -> None:
+    """A folder without a state: a start killed before its commit point (nothing of C's in
+    it) is removed; one holding C's saved objects is not ours to judge."""
+    files = Files(out)
+    left = files.files(SIDECAR)
+    if not left:
+        files.remove_folder(SIDECAR)
+        return
+    ours = {f"{SIDECAR}/{ORIGINAL}/{name}" for name in METADATA} | {f"{SIDECAR}/inputs.json"}
+    if saved := [name for name in left if name not in ours]:
+        raise UnsafeOutputError(
+            f"C ({out.url}) holds {SIDECAR}/ with no state.json but {len(saved)} other "
+            f"file(s) (e.g. {saved[0]}): an accumulation's saved originals whose run cannot be "
+            f"told; if that accumulation finished (exit 0), remove the folder (rm -r "
+            f"{out.url.rstrip('/')}/{SIDECAR}); otherwise restore C from a copy"
+        )
+    clean(out)
+
+
 def _begin(out: Output, plan: MatmulPlan, fp: str, now: dict[str, Listing]) -> None:
     side = sidecar(out)
     side.save_input_listings(now)  # before the state: a started accumulation always has one
+    crash.point("begin.listings")
     for name in METADATA:  # C's own: its moved objects decode there as they did in C
         document = read_small(out.url, name, out.storage_options)
         if document is not None:
             write_bytes(side.url, f"{ORIGINAL}/{name}", document, out.storage_options)
-    state = {"fingerprint": fp, "complete": False, "tile_shape": list(plan.tile_shape)}
-    write_bytes(side.url, STATE, json.dumps(state).encode(), out.storage_options)
+    _write_state(out, {"fingerprint": fp, "phase": RUNNING, "tile_shape": list(plan.tile_shape)})
+    crash.point("begin.state")
 
 
-def object_keys(array: Any, rows: tuple[int, int], cols: tuple[int, int]) -> list[str]:
-    """The keys of C's stored objects (chunks, or shards) that make up a tile of whole ones."""
-    outer = array.shards or array.chunks
-    spans = []
-    for (start, stop), size, extent in zip((rows, cols), outer, array.shape, strict=True):
-        if start % size or (stop % size and stop != extent):
-            raise AssertionError(f"tile {start}..{stop} is not made of whole {size}-objects")
-        spans.append(range(start // size, -(-stop // size)))
-    return [array.metadata.encode_chunk_key((i, j)) for i in spans[0] for j in spans[1]]
+def finish(out: Output) -> None:
+    """Every tile is written (and verified): mark the accumulation complete, then remove its
+    folder (the originals are no longer needed)."""
+    state = read_state(out) or {}
+    _write_state(out, {**state, "phase": COMPLETE})
+    crash.point("finish.complete")
+    clean(out)
 
 
-def move_originals(out: Output, keys: list[str]) -> None:
-    """Move C's objects into ``original/`` before the tile's first write. Safe to repeat: an
-    object moved by an earlier run is not in C any more (nothing writes C before the tile's
-    marker), and one never written is C's fill value in both places."""
-    local = local_path(out.url)
-    if local is not None:
-        door = Door(local, "C")
-        for key in keys:
-            target = f"{SIDECAR}/{ORIGINAL}/{key}"
-            if door.exists(target):  # linked there by a run killed before its unlink
-                if door.exists(key) and not door.same_file(key, target):
-                    raise UnsafeOutputError(
-                        f"C ({out.url}): {key} and its saved original differ; the "
-                        "accumulation cannot tell which is C's: restore C from a copy"
-                    )
-                door.remove(key)
-                continue
-            door.rename(key, target)
-        return
-    fs, path = url_to_fs(out.url, out.storage_options)
-    root = path.rstrip("/")
-    for key in keys:
-        source, target = f"{root}/{key}", f"{root}/{SIDECAR}/{ORIGINAL}/{key}"
-        if not fs.exists(source):
-            continue
-        if fs.exists(target):  # an object store's copy finished and its delete did not
-            fs.rm_file(source)
-            continue
-        fs.makedirs(target.rsplit("/", 1)[0], exist_ok=True)  # a no-op on object stores
-        fs.mv(source, target)
-
-
-def mark_complete(out: Output) -> None:
-    state = {**(read_state(out) or {}), "complete": True}
-    write_bytes(sidecar(out).url, STATE, json.dumps(state).encode(), out.storage_options)
-
-
-def remove(out: Output) -> None:
-    """Delete the accumulation's folder (its originals go with it)."""
-    local = local_path(out.url)
-    if local is not None:
-        door = Door(local, "C")
-        if door.exists(SIDECAR):
-            door.remove_tree(SIDECAR)
-        return
-    fs, path = url_to_fs(sidecar(out).url, out.storage_options)
-    if fs.exists(path):
-        fs.rm(path, recursive=True)
+def roll_back(out: Output) -> int:
+    """Put C back as it was before the accumulation (no task of it may be running); returns
+    the objects moved home."""
+    state = read_state(out)
+    if state is None:
+        return 0
+    _write_state(out, {**state, "phase": ROLLING_BACK})
+    crash.point("rollback.state")
+    restored = restore(out)
+    clean(out)
+    return restored
 
 
 def snapshot(out: Output) -> dict[str, Any]:
@@ -173,6 +197,6 @@ def snapshot(out: Output) -> dict[str, Any]:
     meta = json.dumps(array.metadata.to_dict(), sort_keys=True, default=str)
     state = read_state(out)
     snap: dict[str, Any] = {"metadata": meta, "accumulation": state}
-    if state and state.get("tile_shape"):  # a resumed accumulation keeps its tiling
-        snap["tile_shape"] = state["tile_shape"]
+    if state and state["phase"] == RUNNING and state.get("tile_shape"):
+        snap["tile_shape"] = state["tile_shape"]  # a resumed accumulation keeps its tiling
     return snap

@@ -8,6 +8,7 @@ from typing import Any
 
 from numpy.typing import NDArray
 
+from pipeline.accumulate import crash
 from pipeline.accumulate import tasks as accumulate
 from pipeline.plan.spec import Tile
 from pipeline.run.spec import TaskSpec
@@ -99,4 +100,5 @@ class BandWriter:
             self._spec.journal.journal_band(self._tile.index, rows, entry)
         if data.size:
             self.out[rows[0] : rows[1], self._tile.cols[0] : self._tile.cols[1]] = data
+        crash.point("write.band")
         self.crc = chain

@@ -14,6 +14,7 @@ from numpy.typing import NDArray
 
 from kernels.backends import make_accumulator
 from kernels.cpu import share_cores
+from pipeline.accumulate import crash
 from pipeline.accumulate import tasks as accumulate
 from pipeline.errors import InputUnreachableError
 from pipeline.plan.matmul import row_bands
@@ -193,6 +194,7 @@ def _journal(
     """Record the written tile in OUT/journal/ (what --resume trusts), with its crc32."""
     stats = TileStats(tile.index, bytes_read, time.perf_counter() - start, crc, phases)
     spec.journal.journal_tile(tile.index, {"fingerprint": spec.fingerprint, **asdict(stats)})
+    crash.point("write.tile")
     return stats
 
 

@@ -146,12 +146,29 @@ class Door:
 
     # -- writes ------------------------------------------------------------------------------
 
-    def write(self, name: str, data: bytes | memoryview, *, exclusive: bool = False) -> None:
+    def write(
+        self, name: str, data: bytes | memoryview, *, exclusive: bool = False, durable: bool = False
+    ) -> None:
         """Write ``name`` whole and atomically: a temporary file created beside it (``O_EXCL |
         O_NOFOLLOW``), then renamed over it (``exclusive``: linked into place, refusing one
-        that exists). A link or anything but a file at ``name`` is refused, never followed."""
+        that exists). A link or anything but a file at ``name`` is refused, never followed.
+        ``durable``: the file and then its folder synced, so the write survives a power cut
+        (a protocol's state: a kill alone never loses a renamed file)."""
         view = memoryview(data).cast("B")
-        self._write_via(name, lambda fd: _write_all(fd, view), 0, exclusive)
+
+        def fill(fd: int) -> None:
+            _write_all(fd, view)
+            if durable:
+                os.fsync(fd)
+
+        self._write_via(name, fill, 0, exclusive)
+        if durable:
+            self.sync_folder(_split(name)[0])
+
+    def sync_folder(self, relpath: str = "") -> None:
+        """fsync the folder ``relpath``: the renames and removals in it are on disk."""
+        with self.folder(relpath) as fd:
+            os.fsync(fd)
 
     def write_with(self, name: str, fill: Callable[[int], None], *, flags: int = 0) -> bool:
         """Like ``write``, the temporary file filled by ``fill(fd)`` (opened with extra
@@ -278,9 +295,10 @@ class Door:
             raise
         return True
 
-    def rename(self, source: str, target: str) -> bool:
+    def rename(self, source: str, target: str, *, replace: bool = False) -> bool:
         """Move ``source`` to ``target`` inside the folder (True), or nothing is at ``source``
-        (False); ``target`` must not exist."""
+        (False); ``target`` must not exist, or with ``replace`` it is replaced in one rename
+        when it is a file (anything else there is refused)."""
         shead, sbase = _split(source)
         thead, tbase = _split(target)
         try:
@@ -288,6 +306,10 @@ class Door:
                 st = os.stat(sbase, dir_fd=sfd, follow_symlinks=False)
                 if not stat.S_ISREG(st.st_mode):
                     raise self._refuse(source, f"is {_kind_words(st.st_mode)}, not a file")
+                if replace:
+                    self._check_replaceable(tfd, tbase, target)
+                    os.rename(sbase, tbase, src_dir_fd=sfd, dst_dir_fd=tfd)
+                    return True
                 os.link(sbase, tbase, src_dir_fd=sfd, dst_dir_fd=tfd, follow_symlinks=False)
                 os.unlink(sbase, dir_fd=sfd)
         except FileNotFoundError:

@@ -45,6 +45,7 @@ import numpy as np
 from distributed import Client, Future
 
 from kernels.backends import PRECISIONS
+from pipeline.accumulate.state import COMPLETE, ROLLING_BACK, read_state
 from pipeline.errors import InputError, JobError, UnfinishedOutputError
 from pipeline.plan.operands import operands
 from pipeline.plan.spec import ArraySpec
@@ -55,6 +56,7 @@ from pipeline.run.client import input_error, wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
 from pipeline.store.fs import absolute
+from pipeline.store.output import Output
 from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 from pipeline.verify import symmetry, tasks
 from pipeline.verify.nonfinite import OVERFLOW_MARGIN
@@ -168,6 +170,8 @@ def verify_product(
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))  # for any worker's cwd
+    if c_old is None:  # the job's own check of an accumulation passes its originals
+        _check_not_accumulating(a_url, b_url, c_url, options)
     (a, b, c), transposed, symmetric, ours = _operation(a_url, b_url, c_url, options, given)
     alpha = _recorded_alpha(ours) if alpha is None else alpha
     precision = precision or _recorded_precision(ours)
@@ -290,6 +294,7 @@ def check_operation(
     """``check_shapes``, with the transposes (given, else C's record) and whether C is a
     Gram product's."""
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))
+    _check_not_accumulating(a_url, b_url, c_url, options)
     return _operation(a_url, b_url, c_url, options, given)[:3]
 
 
@@ -382,6 +387,27 @@ def _check_finished(ours: OutRecord | None, urls: tuple[str, str, str]) -> None:
             f"reported as wrong; finish it with `python -m pipeline multiply {' '.join(urls)} "
             "--resume`, then verify"
         )
+
+
+def _check_not_accumulating(
+    a_url: str, b_url: str, c_url: str, options: dict[str, Any] | None
+) -> None:
+    """Refuse a C an accumulation has not finished (or not finished putting back): its tiles
+    in flight are moved aside, so C reads neither its old values nor its new ones."""
+    state = read_state(Output(c_url, options or {}))
+    if state is None or state["phase"] == COMPLETE:
+        return
+    if state["phase"] == ROLLING_BACK:
+        fix = "run the --accumulate again: it first finishes putting C back"
+    else:
+        fix = (
+            f"finish it with `python -m pipeline multiply {a_url} {b_url} {c_url} "
+            "--accumulate --resume` (with its --alpha/--beta), then verify"
+        )
+    raise UnfinishedOutputError(
+        f"C ({c_url}) holds an unfinished accumulation ({state['phase']}), so it reads "
+        f"neither its old values nor its new ones; {fix}"
+    )
 
 
 def _summarize(

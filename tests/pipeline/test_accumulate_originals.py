@@ -53,15 +53,17 @@ def test_unwritten_chunks_are_c_fill_value(tmp_path: Path, client: Client) -> No
 
 
 def test_objects_are_renamed_not_copied(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A local C's objects keep their inodes in ``original/``: no byte of C is read or written
-    to keep it (the tile's product then fails, leaving the originals in place)."""
+    """A local C's objects keep their inodes in ``original/`` (no byte of C is read or written
+    to keep them), and again when a failed accumulation moves them home."""
     import pipeline.accumulate.tasks as acc
 
     a_url, b_url, c_url, _ = setup(tmp_path)
-    inodes = {p.relative_to(c_url): p.stat().st_ino for p in (Path(c_url) / "c").rglob("*")
-              if p.is_file()}  # fmt: skip
+    inodes = _inodes(Path(c_url) / "c", Path(c_url))
+    moved = Path(c_url) / SIDECAR / ORIGINAL
+    kept: dict[Path, int] = {}
 
     def stop(*args: Any) -> Any:
+        kept.update(_inodes(moved / "c", moved))
         raise RuntimeError("stopped after the originals moved")
 
     monkeypatch.setattr(acc, "combine", stop)
@@ -69,35 +71,38 @@ def test_objects_are_renamed_not_copied(tmp_path: Path, monkeypatch: pytest.Monk
                       dashboard_address=":0") as cluster, Client(cluster) as c, \
             pytest.raises(Exception, match="originals moved"):  # fmt: skip
         multiply(a_url, b_url, c_url, client=c, accumulate=True)
-    moved = Path(c_url) / SIDECAR / ORIGINAL
-    kept = {p.relative_to(moved): p.stat().st_ino for p in (moved / "c").rglob("*")
-            if p.is_file()}  # fmt: skip
     assert kept, "a tile moved its objects"
     assert all(inodes[key] == ino for key, ino in kept.items())
+    assert _inodes(Path(c_url) / "c", Path(c_url)) == inodes, "moved home, as they were"
+
+
+def _inodes(folder: Path, root: Path) -> dict[Path, int]:
+    return {p.relative_to(root): p.stat().st_ino for p in folder.rglob("*") if p.is_file()}
 
 
 def test_a_tile_stopped_while_moving_its_objects(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                  client: Client) -> None:  # fmt: skip
-    """Killed after moving some of a tile's objects (no marker yet): the rerun moves the rest
-    and reads every original from ``original/``, never a hole left in C."""
+    """A task that fails after moving some of a tile's objects (no marker yet): the rollback
+    moves them home, so C reads as before, and the next run adds each product once."""
     import pipeline.accumulate.tasks as acc
 
     a_url, b_url, c_url, c0 = setup(tmp_path)
-    real = acc.move_originals
+    real = acc.save_tile
 
-    def halfway(out: Any, keys: list[str]) -> None:
-        real(out, keys[: len(keys) // 2 + 1])
+    def halfway(out: Any, index: Any, keys: list[str]) -> None:
+        real(out, index, keys[: len(keys) // 2 + 1])
         raise RuntimeError("killed halfway through the moves")
 
-    monkeypatch.setattr(acc, "move_originals", halfway)
+    monkeypatch.setattr(acc, "save_tile", halfway)
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=":0") as cluster, Client(cluster) as c, \
             pytest.raises(Exception, match="halfway"):  # fmt: skip
         multiply(a_url, b_url, c_url, client=c, accumulate=True, alpha=ALPHA, beta=BETA)
     monkeypatch.undo()
-    assert not (Path(c_url) / SIDECAR / "saved").exists(), "no tile finished its moves"
-    with pytest.raises(UsageError, match="resume=True"):
-        multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA, beta=BETA)
-    multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA, beta=BETA,
-             resume=True)  # fmt: skip
+    assert not (Path(c_url) / SIDECAR).exists(), "rolled back"
+    np.testing.assert_array_equal(zarr.open_array(c_url)[:], c0, strict=True)
+    with pytest.raises(UsageError, match="no unfinished accumulation"):
+        multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA, beta=BETA,
+                 resume=True)  # fmt: skip
+    multiply(a_url, b_url, c_url, client=client, accumulate=True, alpha=ALPHA, beta=BETA)
     assert_once(c_url, expected(a_url, b_url, c0, ALPHA, BETA))

@@ -1,0 +1,185 @@
+"""C's stored objects of a tile moved aside, and moved home again: the file steps of the
+accumulation's protocol (pipeline/accumulate/state.py), each one rename or one removal, each
+safe to repeat after a crash at any point.
+
+A local C goes through its door (no link followed, one component at a time); an object store
+through fsspec, where a move is a copy and a delete.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pipeline.accumulate import crash
+from pipeline.errors import UnsafeOutputError
+from pipeline.store.door import Door
+from pipeline.store.fs import local_path, read_small, url_to_fs, write_bytes
+from pipeline.store.output import Output
+from pipeline.store.owned import SIDECAR
+
+ORIGINAL = "original"
+SAVED = "saved"
+STATE = "state.json"
+METADATA = ("zarr.json", ".zarray")  # an array's metadata document, Zarr v3 or v2
+
+
+def marker_name(index: tuple[int, int]) -> str:
+    return f"{SAVED}/tile-{index[0]}-{index[1]}.json"
+
+
+class Files:
+    """C's folder, by names relative to it: a local folder's door, or an object store."""
+
+    def __init__(self, out: Output) -> None:
+        self.out = out
+        local = local_path(out.url)
+        self.door = None if local is None else Door(local, "C")
+        if self.door is None:
+            self.fs, path = url_to_fs(out.url, out.storage_options)
+            self.root = path.rstrip("/")
+
+    def exists(self, name: str) -> bool:
+        if self.door is not None:
+            return self.door.exists(name)
+        return bool(self.fs.exists(f"{self.root}/{name}"))
+
+    def move(self, source: str, target: str, *, replace: bool = False) -> bool:
+        """``source`` renamed to ``target`` (False: nothing at ``source``). Where both names
+        are one file (a move killed between its link and its unlink), only ``source`` goes."""
+        if self.door is not None:
+            if self.door.exists(target) and self.door.same_file(source, target):
+                return self.door.remove(source)
+            return self.door.rename(source, target, replace=replace)
+        src, dst = f"{self.root}/{source}", f"{self.root}/{target}"
+        if not self.fs.exists(src):
+            return False
+        if not replace and self.fs.exists(dst):  # a copy finished and its delete did not
+            self.fs.rm_file(src)
+            return True
+        self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)  # a no-op on object stores
+        self.fs.mv(src, dst)
+        return True
+
+    def remove(self, name: str) -> None:
+        if self.door is not None:
+            self.door.remove(name)
+        elif self.fs.exists(f"{self.root}/{name}"):
+            self.fs.rm_file(f"{self.root}/{name}")
+
+    def files(self, folder: str) -> list[str]:
+        """The files under ``folder`` (relative to C), sorted; none when it is not there."""
+        if self.door is not None:
+            try:
+                found = [e.path for e in self.door.walk(folder) if e.kind != "dir"]
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            return sorted(found)
+        prefix = f"{self.root}/{folder}"
+        if not self.fs.exists(prefix):
+            return []
+        return sorted(p[len(self.root) + 1 :] for p in self.fs.find(prefix))
+
+    def remove_folder(self, folder: str) -> None:
+        """The folder's empty folders (a local C; an object store has none)."""
+        if self.door is not None and self.door.exists(folder):
+            self.door.remove_empty_below(folder)
+            self.door.rmdir(folder)
+
+
+def object_keys(array: Any, rows: tuple[int, int], cols: tuple[int, int]) -> list[str]:
+    """The keys of C's stored objects (chunks, or shards) that make up a tile of whole ones."""
+    outer = array.shards or array.chunks
+    spans = []
+    for (start, stop), size, extent in zip((rows, cols), outer, array.shape, strict=True):
+        if start % size or (stop % size and stop != extent):
+            raise AssertionError(f"tile {start}..{stop} is not made of whole {size}-objects")
+        spans.append(range(start // size, -(-stop // size)))
+    return [array.metadata.encode_chunk_key((i, j)) for i in spans[0] for j in spans[1]]
+
+
+def save_tile(out: Output, index: tuple[int, int], keys: list[str]) -> None:
+    """Move the tile's objects into ``original/``, then write its marker, which names the
+    objects C did not hold (its fill value there): a rollback removes those from C. Safe to
+    repeat: an object moved by an earlier run is in ``original/`` already, and nothing writes
+    C's objects of a tile before its marker exists."""
+    files, absent = Files(out), []
+    for key in keys:
+        target = f"{SIDECAR}/{ORIGINAL}/{key}"
+        if files.exists(target):  # moved by a run killed before its marker
+            if files.exists(key) and not _half_moved(files, key, target):
+                raise UnsafeOutputError(
+                    f"C ({out.url}): {key} and its saved original differ; the accumulation "
+                    "cannot tell which is C's: restore C from a copy"
+                )
+            files.move(key, target)  # both names one file: only C's goes
+        elif not files.move(key, target):
+            absent.append(key)
+        crash.point("move.object")
+    marker = json.dumps({"index": list(index), "absent": absent}).encode()
+    write_bytes(sidecar_url(out), marker_name(index), marker, out.storage_options)
+    crash.point("move.marker")
+
+
+def is_saved(out: Output, index: tuple[int, int]) -> bool:
+    return read_small(sidecar_url(out), marker_name(index), out.storage_options) is not None
+
+
+def restore(out: Output) -> int:
+    """Move every saved original home over C's object, and remove the objects C did not
+    hold before (those written by the accumulation where C had its fill value); returns the
+    objects put back. Safe to repeat after a crash at any point: a marker goes only once its
+    tile's objects are removed, an original only by its move home."""
+    files, restored = Files(out), 0
+    for marker in files.files(f"{SIDECAR}/{SAVED}"):
+        data = read_small(out.url, marker, out.storage_options) or b"{}"
+        for key in _absent_keys(data, out.url, marker):
+            files.remove(key)
+        files.remove(marker)
+        crash.point("rollback.tile")
+    prefix = f"{SIDECAR}/{ORIGINAL}/"
+    for name in files.files(f"{SIDECAR}/{ORIGINAL}"):
+        key = name[len(prefix) :]
+        if key in METADATA:
+            continue  # C's own metadata, copied there: C's stays where it is
+        files.move(name, key, replace=True)
+        restored += 1
+        crash.point("rollback.object")
+    return restored
+
+
+def _absent_keys(data: bytes, url: str, marker: str) -> list[str]:
+    try:
+        absent = json.loads(data).get("absent", [])
+    except (ValueError, AttributeError):
+        absent = None
+    if not isinstance(absent, list) or not all(isinstance(k, str) for k in absent):
+        raise UnsafeOutputError(
+            f"C ({url}): the accumulation's {marker} is not a record of ours; C cannot be "
+            "rolled back safely: restore C from a copy"
+        )
+    return absent
+
+
+def clean(out: Output) -> None:
+    """Remove the accumulation's folder, ``state.json`` last: a crash meanwhile leaves the
+    state, which tells the next run to finish the cleaning."""
+    files = Files(out)
+    state = f"{SIDECAR}/{STATE}"
+    for name in files.files(SIDECAR):
+        if name != state:
+            files.remove(name)
+            crash.point("clean.file")
+    files.remove(state)
+    crash.point("clean.state")
+    files.remove_folder(SIDECAR)
+
+
+def _half_moved(files: Files, key: str, target: str) -> bool:
+    """Both names are one move killed midway: one file (a link not yet unlinked), or on an
+    object store a copy whose delete did not run."""
+    return files.door is None or files.door.same_file(key, target)
+
+
+def sidecar_url(out: Output) -> str:
+    return f"{out.url.rstrip('/')}/{SIDECAR}"
