@@ -565,3 +565,46 @@ def test_create_folder_under_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"x")
     with pytest.raises(NotADirectoryError):
         create_folder(str(tmp_path / "f" / "out"))
+
+
+def test_a_durable_write_syncs_the_file_then_its_folder(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[str] = []
+    fsync = os.fsync
+    names = {os.stat(root).st_ino: "root"}
+
+    def record(fd: int) -> None:
+        st = os.fstat(fd)
+        synced.append(names.get(st.st_ino, "folder") if stat.S_ISDIR(st.st_mode) else "file")
+        fsync(fd)
+
+    monkeypatch.setattr(door_module.os, "fsync", record)
+    door = Door(str(root))
+    door.write("journal/state.json", b"{}", durable=True)
+    assert synced == ["file", "folder"]
+    door.write("journal/state.json", b"[]")
+    assert synced == ["file", "folder"]  # not asked: not synced
+    assert (root / "journal" / "state.json").read_bytes() == b"[]"
+    door.sync_folder()
+    assert synced[-1] == "root"
+    door.write("top", b"x", durable=True)
+    assert synced[-2:] == ["file", "root"]
+
+
+def test_rename_with_replace_replaces_only_a_file(root: Path, victim: Path) -> None:
+    door = Door(str(root))
+    (root / "new").write_bytes(b"new")
+    (root / "old").write_bytes(b"old")
+    assert door.rename("new", "old", replace=True) is True
+    assert (root / "old").read_bytes() == b"new" and not (root / "new").exists()
+    assert door.rename("new", "old", replace=True) is False
+    (root / "new").write_bytes(b"new")
+    assert door.rename("new", "journal/fresh", replace=True) is True  # nothing there: moved
+    assert (root / "journal" / "fresh").read_bytes() == b"new"
+    (root / "link").symlink_to(victim)
+    (root / "folder").mkdir()
+    for target, words in (("link", "a symbolic link"), ("folder", "a folder")):
+        with pytest.raises(UnsafeOutputError, match=f"{target} is {words}, not a file of ours"):
+            door.rename("old", target, replace=True)
+    assert victim.read_bytes() == b"precious" and (root / "old").read_bytes() == b"new"

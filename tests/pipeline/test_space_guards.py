@@ -108,15 +108,26 @@ def test_an_unreadable_folder_inside_out_is_skipped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out, on_disk = _out(tmp_path)
+    (out / "d").mkdir()
+    (out / "d" / "f").write_bytes(b"z" * 3000)
     scandir = os.scandir
 
-    def refuse_c(path: str) -> object:
+    class Listing(list[os.DirEntry[str]]):
+        def __enter__(self) -> Listing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def refuse_c(path: str) -> Listing:
         if path.endswith("/c"):
             raise PermissionError(path)
-        return scandir(path)
+        with scandir(path) as entries:  # c after d: walked (and refused) first
+            return Listing(sorted(entries, key=lambda e: e.name, reverse=True))
 
     monkeypatch.setattr(space.os, "scandir", refuse_c)
-    assert space._folder_bytes(str(out)) == os.lstat(out / "zarr.json").st_blocks * 512
+    counted = space._folder_bytes(str(out))
+    assert counted == sum(os.lstat(out / p).st_blocks * 512 for p in ("zarr.json", "d/f"))
 
 
 @pytest.mark.parametrize(
