@@ -46,6 +46,23 @@ TARGETS = {
     ),
     "memory": ("pipeline/plan/memory.py", ["tests/pipeline/test_plan_unit.py"]),
     "output": ("pipeline/store/output.py", ["tests/pipeline/test_output_unit.py"]),
+    "standardize": (
+        "pipeline/plan/standardize.py",
+        ["tests/pipeline/test_standardize_unit.py", "tests/pipeline/test_standardize_guards.py"],
+    ),
+    "moments": ("pipeline/run/moments.py", ["tests/pipeline/test_moments_guards.py"]),
+    "coordinates": (
+        "pipeline/store/coordinates.py",
+        ["tests/pipeline/test_coordinates.py", "tests/pipeline/test_coordinates_guards.py"],
+    ),
+    "band-writer": ("pipeline/run/band_writer.py", ["tests/pipeline/test_band_writer_fence.py"]),
+    "verify-standardized": (
+        "pipeline/verify/tasks.py",
+        [
+            "tests/pipeline/test_verify_unit.py",
+            "tests/pipeline/test_verify_standardized_tolerance.py",
+        ],
+    ),
 }
 """name: (module, its tests)."""
 
