@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-gram bench-model calibrate bench-gpu bench-feed gpu-session fuzz clean
+.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-gram bench-model calibrate bench-gpu bench-feed gpu-session fuzz fuzz-tree fuzz-crash clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -114,8 +114,18 @@ gpu-session:
 # and seconds; exit 1 on any broken invariant. FUZZ_JOBS=2 runs two cases at once.
 FUZZ_MINUTES ?= 30
 FUZZ_JOBS ?= 1
-fuzz: venv
+fuzz: fuzz-tree fuzz-crash
+
+fuzz-tree: venv
 	$(PY) -m benchmarks.fuzz --minutes $(FUZZ_MINUTES) --jobs $(FUZZ_JOBS)
+
+# The crash schedule of --accumulate (tests/pipeline/crash_schedule.py): seeded random stops
+# (SIGKILL, SIGINT, SIGTERM at a named step of the protocol) for FUZZ_MINUTES, each followed by
+# verify, a new --accumulate and --resume; exit 1 on any C that is not the old, the new or a
+# resumable one. Rerun a case: python -m benchmarks.fuzz_crash --cases SCENARIO:STEP:N:SIGNAL
+FUZZ_SEED ?= 1
+fuzz-crash: venv
+	$(PY) -m benchmarks.fuzz_crash --minutes $(FUZZ_MINUTES) --seed $(FUZZ_SEED)
 
 clean:
 	rm -rf $(VENV) $(DEMO)

@@ -48,6 +48,8 @@ class Files:
         """``source`` renamed to ``target`` (False: nothing at ``source``). Where both names
         are one file (a move killed between its link and its unlink), only ``source`` goes."""
         if self.door is not None:
+            if not self.door.exists(source):
+                return False
             if self.door.exists(target) and self.door.same_file(source, target):
                 return self.door.remove(source)
             return self.door.rename(source, target, replace=replace)
