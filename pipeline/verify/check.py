@@ -402,7 +402,7 @@ def _check_not_accumulating(
     else:
         fix = (
             f"finish it with `python -m pipeline multiply {a_url} {b_url} {c_url} "
-            "--accumulate --resume` (with its --alpha/--beta), then verify"
+            "--accumulate --resume` (and the --alpha and --beta it started with), then verify"
         )
     raise UnfinishedOutputError(
         f"C ({c_url}) holds an unfinished accumulation ({state['phase']}), so it reads "
