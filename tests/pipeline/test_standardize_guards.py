@@ -188,6 +188,9 @@ def test_the_digest_is_the_sha256_of_the_little_endian_shifts_and_scales() -> No
     h = hashlib.sha256(b"".join(v.astype("<f8").tobytes() for v in (shift, scale)))
     assert std.digest() == h.hexdigest()[:32]
     assert len(std.digest()) == 32
+    # the values digested, whatever arrays hold them (an API caller's float32, big-endian)
+    narrow = replace(std, shift=shift.astype(np.float32), scale=scale.astype(">f8"))
+    assert narrow.digest() == std.digest()
 
 
 @pytest.mark.parametrize(
