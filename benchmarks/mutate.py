@@ -21,6 +21,14 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
+ACCUMULATE_TESTS = [
+    "tests/pipeline/test_accumulate_units.py",
+    "tests/pipeline/test_accumulate_protocol.py",
+    "tests/pipeline/test_accumulate_integer_range.py",
+]
+"""The accumulation's own tests that run without subprocesses (the crash schedule's CLI jobs
+would not see a mutant of the process that started them)."""
+
 TARGETS = {
     "launch": ("kernels/cuda/launch.py", ["tests/kernels/test_launch.py"]),
     "cpu": ("kernels/cpu.py", ["tests/kernels/test_cpu.py"]),
@@ -46,6 +54,57 @@ TARGETS = {
     ),
     "memory": ("pipeline/plan/memory.py", ["tests/pipeline/test_plan_unit.py"]),
     "output": ("pipeline/store/output.py", ["tests/pipeline/test_output_unit.py"]),
+    "accumulate-state": ("pipeline/accumulate/state.py", ACCUMULATE_TESTS),
+    "accumulate-originals": ("pipeline/accumulate/originals.py", ACCUMULATE_TESTS),
+    "accumulate-tasks": ("pipeline/accumulate/tasks.py", ACCUMULATE_TESTS),
+    "accumulate-flags": ("pipeline/accumulate/flags.py", ACCUMULATE_TESTS),
+    "accumulate-room": ("pipeline/accumulate/room.py", ACCUMULATE_TESTS),
+    "accumulate-crash": ("pipeline/accumulate/crash.py", ACCUMULATE_TESTS),
+    "door": (
+        "pipeline/store/door.py",
+        [
+            "tests/pipeline/test_door.py",
+            "tests/pipeline/test_direct.py",
+            "tests/pipeline/test_door_guards.py",
+        ],
+    ),
+    "owned": (
+        "pipeline/store/owned.py",
+        [
+            "tests/pipeline/test_out_record.py",
+            "tests/pipeline/test_direct.py",
+            "tests/pipeline/test_owned_guards.py",
+        ],
+    ),
+    "record": (
+        "pipeline/store/record.py",
+        ["tests/pipeline/test_out_record.py", "tests/pipeline/test_record_guards.py"],
+    ),
+    "reach": (
+        "pipeline/store/reach.py",
+        ["tests/pipeline/test_safe_by_construction.py", "tests/pipeline/test_reach_guards.py"],
+    ),
+    "bounded": (
+        "pipeline/store/chunks/bounded.py",
+        [
+            "tests/pipeline/test_hostile.py",
+            "tests/pipeline/test_bounded_reads.py",
+            "tests/pipeline/test_decode_in_place.py",
+            "tests/pipeline/test_bounded_guards.py",
+        ],
+    ),
+    "codec-bounds": (
+        "pipeline/store/chunks/codec_bounds.py",
+        [
+            "tests/pipeline/test_hostile.py",
+            "tests/pipeline/test_bounded_reads.py",
+            "tests/pipeline/test_bounded_guards.py",
+        ],
+    ),
+    "space": (
+        "pipeline/store/space.py",
+        ["tests/pipeline/test_sizing.py", "tests/pipeline/test_space_guards.py"],
+    ),
     "standardize": (
         "pipeline/plan/standardize.py",
         ["tests/pipeline/test_standardize_unit.py", "tests/pipeline/test_standardize_guards.py"],

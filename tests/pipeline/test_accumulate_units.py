@@ -1,0 +1,394 @@
+"""The accumulation's protocol step by step, without a cluster: the combination of a band
+(exact integers), the moves of C's objects and their way home, the state's phases and what each
+leftover makes the next run do, the crash points, C's room and the flags."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline import prepare
+from pipeline.accumulate import crash, originals, state
+from pipeline.accumulate.flags import check_flags
+from pipeline.accumulate.room import check_room_for_c, describe_room_for_c, room_for_c
+from pipeline.accumulate.tasks import combine, integer_sum
+from pipeline.errors import InputError, UnsafeOutputError, UsageError
+from pipeline.plan.spec import OutputSpec
+from pipeline.store.output import Output
+from pipeline.store.owned import SIDECAR
+from pipeline.store.resume import listings
+from pipeline.store.space import Room
+from tests.helpers import write_array
+
+# -- combine and integer_sum ------------------------------------------------------------------
+
+
+def task(out_dtype: str, alpha: float = 1.0, beta: float = 1.0, url: str = "/c") -> Any:
+    options = SimpleNamespace(alpha=alpha, beta=beta, accumulate=True)
+    return SimpleNamespace(options=options, out_dtype=out_dtype, output=Output(url, {}))
+
+
+@pytest.mark.parametrize(
+    "dtype, terms, want",
+    [
+        # (C's dtype, [(factor, values)], the exact sums or None: refused)
+        ("int64", [(1, [4]), (1, [2**63 - 5])], [2**63 - 1]),
+        ("int64", [(1, [4]), (1, [2**63 - 4])], None),  # 2**63: float64 says it fits
+        ("int64", [(-1, [4]), (1, [-(2**63) + 4])], [-(2**63)]),
+        ("int64", [(-1, [4]), (1, [-(2**63) + 3])], None),
+        ("uint64", [(1, [4]), (1, [2**64 - 5])], [2**64 - 1]),
+        ("uint64", [(1, [4]), (1, [2**64 - 4])], None),
+        ("uint64", [(1, [4]), (-1, [4])], [0]),
+        ("uint64", [(1, [4]), (-1, [5])], None),
+        ("int16", [(2, [3, -4]), (-1, [32761, -32760])], [-32755, 32752]),
+        ("int16", [(2**31, [0]), (1, [7])], [7]),  # a large factor takes the exact path
+        ("uint8", [(1, [200]), (1, [55])], [255]),
+        ("uint8", [(1, [200]), (1, [56])], None),
+        ("bool", [(1, [1, 0]), (1, [False, True])], [True, True]),
+        ("bool", [(1, [1]), (1, [True])], None),
+    ],
+)
+def test_integer_sum_is_exact(dtype: str, terms: list[Any], want: list[int] | None) -> None:
+    arrays = [(f, np.array(v, dtype=dtype if i else np.int64)) for i, (f, v) in enumerate(terms)]
+    value, found = integer_sum(arrays, np.dtype(dtype))
+    if want is None:
+        exact = [sum(f * int(x[i]) for f, x in arrays) for i in range(len(terms[0][1]))]
+        assert found == (min(exact), max(exact))
+        return
+    assert found is None
+    np.testing.assert_array_equal(value, np.array(want, dtype=dtype), strict=True)
+
+
+def test_integer_sum_mixes_both_paths_element_by_element() -> None:
+    """Small elements in int64, large ones in Python's integers, each where it belongs."""
+    product = np.array([[1, 2], [3, 2**40]], np.int64)
+    old = np.array([[10, 2**62], [30, 5]], np.int64)
+    value, found = integer_sum([(1, product), (1, old)], np.dtype("int64"))
+    assert found is None
+    np.testing.assert_array_equal(value, [[11, 2**62 + 2], [33, 2**40 + 5]], strict=True)
+    _, found = integer_sum([(3, product), (2, old)], np.dtype("int64"))
+    assert found == (23, 2**63 + 6)
+
+
+def test_combine_floats_and_integers() -> None:
+    product, old = np.array([[1.0, 2.0]]), np.array([[10.0, 20.0]])
+    np.testing.assert_array_equal(
+        combine(task("float64", 2.0, -0.5), product, old), [[-3.0, -6.0]], strict=True
+    )
+    np.testing.assert_array_equal(combine(task("float32", 3.0), product, None), [[3.0, 6.0]])
+    assert combine(task("float32", 3.0), product, None).dtype == np.float32
+    same = combine(task("float64"), product, None)
+    np.testing.assert_array_equal(same, product)
+    got = combine(task("int16", 2, 3), np.array([[5]], np.int64), np.array([[7]], np.int16))
+    np.testing.assert_array_equal(got, np.array([[31]], np.int16), strict=True)
+    with pytest.raises(InputError, match=r"reaches 32768\.\.32768, beyond C's int16 range; the"):
+        combine(task("int16", 1, 1), np.array([[1]], np.int64), np.array([[32767]], np.int16))
+
+
+def test_combine_leaves_a_reused_product_buffer_alone() -> None:
+    product = np.array([[1.0, 2.0]])
+    combine(task("float64", 2.0, 1.0), product, np.array([[1.0, 1.0]]))
+    np.testing.assert_array_equal(product, [[1.0, 2.0]])
+
+
+# -- C's objects: moved aside, moved home ---------------------------------------------------
+
+
+def make_c(tmp_path: Path, **layout: Any) -> tuple[Output, Any]:
+    url = str(tmp_path / "c.zarr")
+    c = zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8", fill_value=-1.0,
+                          **layout)  # fmt: skip
+    c[:2, :] = np.arange(8.0).reshape(2, 4)  # the first chunk row stored, the second not
+    return Output(url, {}), c
+
+
+def files(out: Output) -> dict[str, bytes]:
+    root = Path(out.url)
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+@pytest.mark.parametrize(
+    "layout, keys",
+    [
+        ({}, ["c/0/0", "c/0/1", "c/1/0", "c/1/1"]),
+        ({"zarr_format": 2}, ["0.0", "0.1", "1.0", "1.1"]),
+    ],
+)
+def test_object_keys_of_a_tile(tmp_path: Path, layout: dict[str, Any], keys: list[str]) -> None:
+    _, c = make_c(tmp_path, **layout)
+    assert originals.object_keys(c, (0, 4), (0, 4)) == keys
+    assert originals.object_keys(c, (2, 4), (0, 2)) == keys[2:3]
+    with pytest.raises(AssertionError, match="not made of whole 2-objects"):
+        originals.object_keys(c, (1, 4), (0, 4))
+    with pytest.raises(AssertionError, match="not made of whole"):
+        originals.object_keys(c, (0, 3), (0, 4))
+
+
+def test_a_tile_saved_written_and_put_back(tmp_path: Path) -> None:
+    out, c = make_c(tmp_path)
+    before = files(out)
+    keys = originals.object_keys(c, (0, 4), (0, 4))
+    originals.save_tile(out, (0, 0), keys)
+    side = Path(out.url) / SIDECAR
+    assert not (Path(out.url) / "c/0/0").exists()
+    assert (side / "original/c/0/0").read_bytes() == before["c/0/0"]
+    marker = json.loads((side / "saved/tile-0-0.json").read_text())
+    assert marker == {"index": [0, 0], "absent": ["c/1/0", "c/1/1"]}
+    assert originals.is_saved(out, (0, 0)) and not originals.is_saved(out, (0, 1))
+    originals.save_tile(out, (0, 0), keys)  # a rerun: nothing moves twice
+    assert json.loads((side / "saved/tile-0-0.json").read_text())["absent"] == ["c/1/0", "c/1/1"]
+    c[:] = 5.0  # the tile written: every object of it now stored in C
+    assert originals.restore(out) == 2
+    originals.restore(out)  # safe to repeat
+    after = files(out)
+    assert {k: v for k, v in after.items() if not k.startswith(SIDECAR)} == before
+    assert not [k for k in after if k.startswith(f"{SIDECAR}/saved")]
+
+
+def test_a_move_killed_between_link_and_unlink(tmp_path: Path) -> None:
+    """Both names one file: the rerun drops C's name and keeps the saved one; two different
+    files under both names cannot be told apart and are refused."""
+    out, _ = make_c(tmp_path)
+    root, side = Path(out.url), Path(out.url) / SIDECAR / "original"
+    (side / "c/0").mkdir(parents=True)
+    os.link(root / "c/0/0", side / "c/0/0")
+    originals.save_tile(out, (0, 0), ["c/0/0"])
+    assert not (root / "c/0/0").exists() and (side / "c/0/0").exists()
+    (side / "c/0/1").write_bytes(b"not C's")
+    with pytest.raises(UnsafeOutputError, match="c/0/1 and its saved original differ"):
+        originals.save_tile(out, (0, 0), ["c/0/1"])
+
+
+def test_a_half_moved_tile_goes_home_without_a_marker(tmp_path: Path) -> None:
+    out, c = make_c(tmp_path)
+    before = files(out)
+    originals.save_tile(out, (0, 0), ["c/0/0"])
+    (Path(out.url) / SIDECAR / "saved/tile-0-0.json").unlink()  # killed before the marker
+    assert originals.restore(out) == 1
+    assert {k: v for k, v in files(out).items() if not k.startswith(SIDECAR)} == before
+
+
+def test_a_marker_that_is_not_ours_stops_the_rollback(tmp_path: Path) -> None:
+    out, _ = make_c(tmp_path)
+    for bad in (b"[1]", b'{"absent": "c/0/0"}', b'{"absent": [1]}', b"not json"):
+        (Path(out.url) / SIDECAR / "saved").mkdir(parents=True, exist_ok=True)
+        (Path(out.url) / SIDECAR / "saved/tile-0-0.json").write_bytes(bad)
+        with pytest.raises(UnsafeOutputError, match="not a record of ours; C cannot be rolled"):
+            originals.restore(out)
+        assert (Path(out.url) / "c/0/0").exists()
+
+
+def test_clean_removes_the_state_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    out, c = make_c(tmp_path)
+    originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
+    (Path(out.url) / SIDECAR / "state.json").write_text("{}")
+    removed: list[str] = []
+    real = originals.Files.remove
+
+    def remove(self: originals.Files, name: str) -> None:
+        removed.append(name)
+        real(self, name)
+
+    monkeypatch.setattr(originals.Files, "remove", remove)
+    originals.clean(out)
+    assert removed[-1] == f"{SIDECAR}/state.json" and len(removed) == 4
+    assert not (Path(out.url) / SIDECAR).exists()
+    assert (Path(out.url) / "zarr.json").exists()
+
+
+# -- the state and what a leftover makes the next run do ------------------------------------
+
+
+def job_of(tmp_path: Path) -> Any:
+    a = write_array(tmp_path / "a.zarr", np.ones((4, 2)), (2, 2))
+    b = write_array(tmp_path / "b.zarr", np.ones((2, 4)), (2, 2))
+    make_c(tmp_path)
+    return prepare(a, b, str(tmp_path / "c.zarr"), accumulate=True)
+
+
+def begin(tmp_path: Path, *, resume: bool = False, fp: str = "fp") -> tuple[Any, Output, Any]:
+    job = job_of(tmp_path) if not (tmp_path / "a.zarr").exists() else job_of_again(tmp_path)
+    out = job.output
+    state.start(out, job.plan, fp, listings(job.store), job.key_encodings, resume=resume)
+    return job, out, state.read_state(out)
+
+
+def job_of_again(tmp_path: Path) -> Any:
+    c = str(tmp_path / "c.zarr")
+    return prepare(str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr"), c, accumulate=True)
+
+
+def test_start_commits_the_state_last(tmp_path: Path) -> None:
+    job, out, st = begin(tmp_path)
+    assert st is not None
+    assert st["phase"] == "running" and st["fingerprint"] == "fp" and st["complete"] is False
+    assert st["tile_shape"] == list(job.plan.tile_shape)
+    side = Path(out.url) / SIDECAR
+    assert (side / "inputs.json").exists()
+    assert (side / "original/zarr.json").read_bytes() == (Path(out.url) / "zarr.json").read_bytes()
+    assert state.snapshot(out)["tile_shape"] == list(job.plan.tile_shape)
+
+
+def test_an_unfinished_accumulation_is_resumed_only_as_started(tmp_path: Path) -> None:
+    job, out, _ = begin(tmp_path)
+    now = listings(job.store)
+    with pytest.raises(UsageError, match="unfinished accumulation .* and --resume"):
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=False)
+    with pytest.raises(UsageError, match="started with other inputs, tiling, --alpha or --beta"):
+        state.start(out, job.plan, "other", now, job.key_encodings, resume=True)
+    assert state.start(out, job.plan, "fp", now, job.key_encodings, resume=True) == set()
+    state.finish(out)
+    assert not (Path(out.url) / SIDECAR).exists()
+    with pytest.raises(UsageError, match="no unfinished accumulation"):
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=True)
+
+
+@pytest.mark.parametrize(
+    "document, phase",
+    [
+        ({"fingerprint": "f", "complete": True}, "complete"),  # an older version's
+        ({"fingerprint": "f", "complete": False}, "running"),
+        ({"fingerprint": "f", "phase": "rolling-back"}, "rolling-back"),
+        ({"fingerprint": "f", "phase": "sideways"}, "running"),
+        ([1, 2], "running"),
+    ],
+)
+def test_read_state_phases(tmp_path: Path, document: Any, phase: str) -> None:
+    out, _ = make_c(tmp_path)
+    (Path(out.url) / SIDECAR).mkdir()
+    (Path(out.url) / SIDECAR / "state.json").write_text(json.dumps(document))
+    assert state.read_state(out)["phase"] == phase  # type: ignore[index]
+    (Path(out.url) / SIDECAR / "state.json").write_text("{torn")
+    assert state.read_state(out) == {"fingerprint": None, "phase": "running"}
+
+
+def test_roll_back_puts_c_back_and_a_killed_one_is_finished(tmp_path: Path) -> None:
+    job, out, _ = begin(tmp_path)
+    before = {k: v for k, v in files(out).items() if not k.startswith(SIDECAR)}
+    c = zarr.open_array(out.url)
+    originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
+    c[:] = 9.0
+    st = state.read_state(out)
+    (Path(out.url) / SIDECAR / "state.json").write_text(json.dumps({**st, "phase": "rolling-back"}))
+    assert state.settle(out) is None  # a later run finishes the rollback
+    assert {k: v for k, v in files(out).items() if k != "lock.json"} == before
+    assert state.roll_back(out) == 0  # nothing to roll back
+    begin(tmp_path)
+    originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
+    c[:] = 9.0
+    assert state.roll_back(out) == 2
+    assert {k: v for k, v in files(out).items() if k != "lock.json"} == before
+
+
+def test_settle_finishes_a_complete_ones_cleanup(tmp_path: Path) -> None:
+    job, out, _ = begin(tmp_path)
+    st = state.read_state(out)
+    (Path(out.url) / SIDECAR / "state.json").write_text(json.dumps({**st, "phase": "complete"}))
+    assert state.settle(out) is None
+    assert not (Path(out.url) / SIDECAR).exists()
+    assert state.snapshot(out)["accumulation"] is None
+
+
+def test_a_folder_without_a_state(tmp_path: Path) -> None:
+    out, _ = make_c(tmp_path)
+    side = Path(out.url) / SIDECAR
+    (side / "original").mkdir(parents=True)
+    (side / "inputs.json").write_text("{}")
+    (side / "original/zarr.json").write_text("{}")
+    (side / "original/.zarray").write_text("{}")
+    assert state.settle(out) is None and not side.exists()  # a start killed before its state
+    (side / "journal").mkdir(parents=True)
+    assert state.settle(out) is None and not side.exists()  # empty folders only
+    (side / "original/c/0").mkdir(parents=True)
+    (side / "original/c/0/0").write_text("C's")
+    with pytest.raises(UnsafeOutputError, match=r"no state\.json but 1 other file\(s\) \(e\.g\."):
+        state.settle(out)
+    assert (side / "original/c/0/0").exists()
+
+
+# -- crash points -------------------------------------------------------------------------------
+
+
+def test_a_crash_point_fires_on_its_nth_hit_in_any_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: list[tuple[str, int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pid, sig: sent.append(("group", pid, sig)))
+    monkeypatch.setattr(os, "kill", lambda pid, sig: sent.append(("leader", pid, sig)))
+    monkeypatch.setattr(crash.time, "sleep", lambda s: None)
+    crash.point("move.object")  # off: nothing set
+    monkeypatch.setenv(crash.COUNT, str(tmp_path / "hits"))
+    monkeypatch.setenv(crash.AT, "move.object:3:KILL")
+    for step in ("move.object", "move.marker", "move.object"):
+        crash.point(step)
+    assert sent == [] and (tmp_path / "hits").stat().st_size == 2
+    crash.point("move.object")
+    assert sent == [("group", os.getpgid(0), signal.SIGKILL)]
+    crash.point("move.object")
+    assert len(sent) == 1, "once only"
+    monkeypatch.setenv(crash.AT, "clean.state:5:TERM")
+    crash.point("clean.state")  # the 5th byte of the same counter
+    assert sent[-1] == ("leader", os.getpgid(0), signal.SIGTERM)
+    assert set(crash.STEPS) >= {"begin.state", "rollback.object", "clean.state"}
+
+
+# -- room and flags -----------------------------------------------------------------------------
+
+
+def test_room_for_c(tmp_path: Path) -> None:
+    url = str(tmp_path / "raw.zarr")
+    zarr.create_array(url, shape=(10, 10), chunks=(5, 5), dtype="f4", compressors=None)
+    room = room_for_c(Output(url, {}))
+    assert room is not None and room.needed == 400 and not room.compressed
+    packed = str(tmp_path / "zstd.zarr")
+    zarr.create_array(packed, data=np.zeros((10, 10), "f4"), chunks=(5, 5))
+    room = room_for_c(Output(packed, {}))
+    stored_bytes = sum(p.stat().st_size for p in Path(packed).rglob("*") if p.is_file())
+    assert room is not None and room.compressed and room.needed == stored_bytes
+    assert room_for_c(Output("memory://c.zarr", {})) is None
+    check_room_for_c(Room(100, False, 100, "/x"), "/x")  # just fits
+    check_room_for_c(Room(100, False, None, "/x"), "/x")  # not known
+    check_room_for_c(None, "/x")
+    with pytest.raises(UsageError, match=r"needs about 101 B free \(C's whole size.* free 1 B"):
+        check_room_for_c(Room(101, False, 100, "/x"), "/x")
+    with pytest.raises(UsageError, match="what C's compressed objects take now"):
+        check_room_for_c(Room(101, True, 100, "/x"), "/x")
+    assert describe_room_for_c(Room(101, False, 100, "/x")).endswith(": does not fit, 1 B short")
+    assert "free space not known" in describe_room_for_c(Room(1, True, None, "/x"))
+
+
+LAYOUT = OutputSpec(None, None, None)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"alpha": float("nan")}, "--alpha nan is not a finite number"),
+        ({"beta": float("inf"), "accumulate": True}, "--beta inf is not a finite number"),
+        ({"beta": 2.0}, "--beta scales C's old values: it needs --accumulate"),
+        ({"accumulate": True, "overwrite": True}, "pick one"),
+        ({"accumulate": True, "layout": OutputSpec("f4", None, None)}, "drop --dtype"),
+        ({"accumulate": True, "layout": OutputSpec(None, (2, 2), None)}, "drop --chunks"),
+        ({"accumulate": True, "layout": OutputSpec(None, None, (2, 2))}, "drop --shards"),
+    ],
+)
+def test_flags_refused(kwargs: dict[str, Any], match: str) -> None:
+    given = {"accumulate": False, "alpha": 1.0, "beta": None, "overwrite": False,
+             "verify": False, "layout": LAYOUT, **kwargs}  # fmt: skip
+    with pytest.raises(UsageError, match=match):
+        check_flags(**given)
+
+
+def test_flags_beta_defaults() -> None:
+    base = {"alpha": 1.0, "overwrite": False, "verify": False, "layout": LAYOUT}
+    assert check_flags(accumulate=True, beta=None, **base) == 1.0
+    assert check_flags(accumulate=True, beta=-0.5, **base) == -0.5
+    assert check_flags(accumulate=False, beta=None, **base) == 0.0
