@@ -6,6 +6,7 @@ chunk may take, codec by codec; a codec nothing bounds refused by name."""
 from __future__ import annotations
 
 import bz2
+import copy
 import functools
 import json
 import lzma
@@ -188,6 +189,7 @@ def test_the_most_a_stored_chunk_takes(
     assert stored_bytes(array) == most
     again = bounded(array)
     assert stored_bytes(again) == most  # bounded twice: the same bound
+    assert stored_bytes(bounded(again)) == most
     assert stored_codec(again) == codec
     assert stored_codec(array) is None  # not opened through ``bounded``
     assert np.array_equal(again[:], array[:])
@@ -283,8 +285,14 @@ def test_a_wrapped_v2_compressor_is_the_inner_one_but_for_its_decodes() -> None:
     codec = bounded_module.V2["zstd"](inner, 100, True, "10x10 uint8 elements")
     assert codec.level == 3 and codec.codec_id == "zstd"
     assert codec.get_config() == inner.get_config() and codec.get_config() is not None
+
+    class Inner:
+        _secret = "the inner codec's own"
+
     with pytest.raises(AttributeError):
-        codec._secret  # noqa: B018 - private names are never the inner one's
+        bounded_module.V2["zstd"](Inner(), 1, True, "")._secret  # noqa: B018 - never the inner's
+    copied = copy.copy(codec)  # made without __init__: no lookup may reach a missing _inner
+    assert copied.level == 3 and copied.get_config() == inner.get_config()
     data = bytes(range(100))
     stored = codec.encode(data)
     assert stored == inner.encode(data)
@@ -355,3 +363,11 @@ def test_the_refusal_says_what_is_bounded_and_how_to_rewrite() -> None:
         "zarr.create_array(NEW, data=zarr.open_array(OLD)[...], compressors=zarr.codecs."
         "ZstdCodec())"
     )
+
+
+def test_a_bounded_v3_compressor_is_named_for_what_it_wraps(tmp_path: Path) -> None:
+    array = bounded(_array(tmp_path, compressors=[ZstdCodec(level=3)]))
+    compressor = array.metadata.codecs[-1]
+    assert type(compressor).__name__ == "BoundedZstdCodec"
+    assert isinstance(compressor, ZstdCodec) and compressor.level == 3
+    assert type(bounded(array).metadata.codecs[-1]) is type(compressor)  # one class per codec
