@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import socket
 import stat
 from collections.abc import Iterator
 from pathlib import Path
@@ -244,9 +245,14 @@ def test_a_link_below_a_pinned_folder_is_refused(
     st = os.stat(root)
     pin(str(root), (st.st_dev, st.st_ino))
     pinned.append(str(root))
-    with pytest.raises(UnsafeOutputError, match="passes through a symbolic link"):
+    with pytest.raises(UnsafeOutputError) as refused:
         Door(str(root / "c")).write("victim", b"x")
+    assert str(refused.value) == _refusal(
+        root / "c", str(root / "c"), "passes through a symbolic link or a file"
+    )
     assert victim.read_bytes() == b"precious"
+    assert Door(str(root / "missing")).read("x") is None
+    assert not (root / "missing").exists()  # walked to, never made
 
 
 def test_the_nearest_pinned_folder_is_walked_from(root: Path, pinned: list[str]) -> None:
@@ -383,6 +389,7 @@ def test_create_is_exclusive_and_returns_the_open_file(root: Path, victim: Path)
     door = Door(str(root))
     fd = door.create("c/lock.json", b"{}")
     try:
+        assert os.pread(fd, 10, 0) == b"{}"
         os.write(fd, b"[]")  # read-write, at its start
         assert os.pread(fd, 10, 0) == b"[]"
     finally:
@@ -608,3 +615,53 @@ def test_rename_with_replace_replaces_only_a_file(root: Path, victim: Path) -> N
         with pytest.raises(UnsafeOutputError, match=f"{target} is {words}, not a file of ours"):
             door.rename("old", target, replace=True)
     assert victim.read_bytes() == b"precious" and (root / "old").read_bytes() == b"new"
+
+
+def test_a_pin_on_the_file_system_root(pinned: list[str]) -> None:
+    pin("//", (0, 0))  # no folder has this identity
+    pinned.append("/")
+    with pytest.raises(UnsafeOutputError, match=r"\(/ was replaced\)"):
+        Door("/").identity()
+    pin("/", None)
+    assert Door("/").identity() == (os.stat("/").st_dev, os.stat("/").st_ino)
+
+
+def test_what_the_door_makes_has_the_usual_modes(root: Path) -> None:
+    umask = os.umask(0o022)
+    try:
+        door = Door(str(root))
+        door.make_folder("a/b")
+        door.write("a/f", b"x")
+        made = create_folder(str(root / "c" / "d"))
+    finally:
+        os.umask(umask)
+    assert made == [str(root / "c"), str(root / "c" / "d")]
+    for folder in ("a", "a/b", "c", "c/d"):
+        assert stat.S_IMODE(os.stat(root / folder).st_mode) == 0o755, folder
+    assert stat.S_IMODE(os.stat(root / "a" / "f").st_mode) == 0o644
+
+
+def test_a_socket_is_refused_as_a_special_file(root: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as server:
+        server.bind(str(root / "sock"))
+        door = Door(str(root))
+        for act in (lambda: door.read("sock"), lambda: door.open_existing("sock")):
+            with pytest.raises(UnsafeOutputError, match="sock is a link, a folder or a special"):
+                act()
+
+
+def test_a_link_to_a_folder_is_removed_as_a_link(root: Path, victim: Path) -> None:
+    (root / "link").symlink_to(victim.parent)
+    assert Door(str(root)).remove("link") is True
+    assert not (root / "link").exists() and victim.read_bytes() == b"precious"
+
+
+def test_remove_if_same_never_takes_a_link_to_that_file(root: Path) -> None:
+    (root / "lock.json").write_bytes(b"mine")
+    (root / "alias").symlink_to(root / "lock.json")
+    fd = os.open(root / "lock.json", os.O_RDONLY)
+    try:
+        assert Door(str(root)).remove_if_same("alias", fd) is False
+    finally:
+        os.close(fd)
+    assert (root / "alias").is_symlink() and (root / "lock.json").exists()
