@@ -29,6 +29,37 @@ ACCUMULATE_TESTS = [
 """The accumulation's own tests that run without subprocesses (the crash schedule's CLI jobs
 would not see a mutant of the process that started them)."""
 
+SAFE = "tests/pipeline/test_safe_by_construction.py"
+OUT_RECORD_UNITS = [
+    f"tests/pipeline/test_out_record.py::{name}"
+    for name in (
+        "test_a_record_round_trips_as_json_text",
+        "test_the_stored_fields_are_those_earlier_versions_wrote",
+        "test_create_and_mark_write_json_text",
+        "test_random_writes_its_seed",
+        "test_a_malformed_record_is_no_record",
+        "test_an_array_with_a_malformed_record_is_not_ours",
+        "test_a_huge_attribute_is_refused_unread",
+        "test_an_old_record_is_replaced_by_overwrite",
+        "test_an_old_unfinished_product_is_refused_as_an_input",
+    )
+]
+"""test_out_record.py's tests that need no cluster."""
+BOUNDED_UNITS = [
+    "tests/pipeline/test_hostile.py::test_gpu_decode_sends_a_lying_chunk_to_the_bounded_host_path",
+    "tests/pipeline/test_hostile.py::test_honest_chunks_read_as_before",
+    *(
+        f"tests/pipeline/test_bounded_reads.py::{name}"
+        for name in (
+            "test_an_input_read_directly_refuses_a_fifo_too",
+            "test_a_codec_nothing_bounds_is_refused_by_name",
+            "test_a_shard_index_giving_an_inner_chunk_too_much_is_refused",
+            "test_input_store_reads_ranges_as_zarrs_local_store",
+        )
+    ),
+]
+"""test_hostile.py's and test_bounded_reads.py's bounded-read tests that run in this process."""
+
 TARGETS = {
     "launch": ("kernels/cuda/launch.py", ["tests/kernels/test_launch.py"]),
     "cpu": ("kernels/cpu.py", ["tests/kernels/test_cpu.py"]),
@@ -60,35 +91,41 @@ TARGETS = {
     "accumulate-flags": ("pipeline/accumulate/flags.py", ACCUMULATE_TESTS),
     "accumulate-room": ("pipeline/accumulate/room.py", ACCUMULATE_TESTS),
     "accumulate-crash": ("pipeline/accumulate/crash.py", ACCUMULATE_TESTS),
+    # The store's safety layer: each against its own tests that need no cluster (the
+    # cluster tests reaching these modules take minutes per mutant on 2 cores).
     "door": (
         "pipeline/store/door.py",
         [
             "tests/pipeline/test_door.py",
             "tests/pipeline/test_direct.py",
             "tests/pipeline/test_door_guards.py",
+            f"{SAFE}::test_a_hard_linked_lock_is_never_written",
+            f"{SAFE}::test_a_folder_swapped_in_at_out_s_path_is_never_written",
         ],
     ),
     "owned": (
         "pipeline/store/owned.py",
         [
-            "tests/pipeline/test_out_record.py",
+            *OUT_RECORD_UNITS,
             "tests/pipeline/test_direct.py",
             "tests/pipeline/test_owned_guards.py",
         ],
     ),
     "record": (
         "pipeline/store/record.py",
-        ["tests/pipeline/test_out_record.py", "tests/pipeline/test_record_guards.py"],
+        [*OUT_RECORD_UNITS, "tests/pipeline/test_record_guards.py"],
     ),
     "reach": (
         "pipeline/store/reach.py",
-        ["tests/pipeline/test_safe_by_construction.py", "tests/pipeline/test_reach_guards.py"],
+        [
+            f"{SAFE}::test_a_link_to_the_root_in_an_input_is_not_walked",
+            "tests/pipeline/test_reach_guards.py",
+        ],
     ),
     "bounded": (
         "pipeline/store/chunks/bounded.py",
         [
-            "tests/pipeline/test_hostile.py",
-            "tests/pipeline/test_bounded_reads.py",
+            *BOUNDED_UNITS,
             "tests/pipeline/test_decode_in_place.py",
             "tests/pipeline/test_bounded_guards.py",
         ],
@@ -103,7 +140,11 @@ TARGETS = {
     ),
     "space": (
         "pipeline/store/space.py",
-        ["tests/pipeline/test_sizing.py", "tests/pipeline/test_space_guards.py"],
+        [
+            "tests/pipeline/test_sizing.py::test_compressed_out_is_never_refused_for_space",
+            "tests/pipeline/test_sizing.py::test_room_of_a_url_is_not_known",
+            "tests/pipeline/test_space_guards.py",
+        ],
     ),
     "standardize": (
         "pipeline/plan/standardize.py",
