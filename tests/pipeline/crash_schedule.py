@@ -41,6 +41,8 @@ REPO = Path(__file__).resolve().parents[2]
 SHAPE, K, CHUNK = 768, 64, 128
 """C is 768² in 128² chunks: 9 tiles of 256² (4 objects each) under MEMORY."""
 MEMORY = "262MiB"
+"""The stopped job's limit (the commands after it plan as they would: --resume keeps the
+tiling the accumulation started with)."""
 ALPHA, BETA = 2.0, -0.5
 CLI_TIMEOUT_S = 180
 
@@ -68,9 +70,12 @@ class Case:
     step: str
     nth: int
     signal: str
+    workers: int = 1
+    """1: one worker in the command's process; 2: two worker processes (of one thread)."""
 
     def __str__(self) -> str:
-        return f"{self.scenario}:{self.step}:{self.nth}:{self.signal}"
+        tail = "" if self.workers == 1 else f":{self.workers}"
+        return f"{self.scenario}:{self.step}:{self.nth}:{self.signal}{tail}"
 
 
 @dataclass
@@ -98,6 +103,8 @@ def fixed_schedule() -> list[Case]:
         Case("add", "write.tile", 5, "TERM"),
         Case("add", "clean.file", 7, "INT"),
         Case("refused", "rollback.object", 20, "TERM"),
+        Case("add", "move.object", 11, "KILL", workers=2),  # the group takes the workers
+        Case("add", "write.band", 4, "TERM", workers=2),  # the command only: workers orphaned
     ]
     return cases
 
@@ -106,7 +113,7 @@ def random_case(rng: random.Random) -> Case:
     scenario = rng.choice(sorted(STEPS))
     step = rng.choice(sorted(STEPS[scenario]))
     nth = rng.randint(1, max(STEPS[scenario][step], 1) + 1)  # one past: the run ends first
-    return Case(scenario, step, nth, rng.choice(SIGNALS))
+    return Case(scenario, step, nth, rng.choice(SIGNALS), rng.choice((1, 1, 2)))
 
 
 def make_data(folder: Path, scenario: str) -> tuple[str, str, str]:
@@ -134,12 +141,14 @@ def factors(scenario: str) -> tuple[float, float]:
     return (ALPHA, BETA) if scenario == "add" else (1.0, 1.0)
 
 
-def cli_argv(urls: tuple[str, str, str], scenario: str, *extra: str) -> list[str]:
-    alpha, beta = factors(scenario)
+def cli_argv(urls: tuple[str, str, str], case: Case, *extra: str) -> list[str]:
+    alpha, beta = factors(case.scenario)
+    threads = str(2 // case.workers)
     return [
         *(sys.executable, "-m", "pipeline", "multiply", *urls, "--accumulate"),
         *("--alpha", f"{alpha:g}", "--beta", f"{beta:g}", "--no-progress"),
-        *("--workers", "1", "--threads-per-worker", "2", "--memory-limit", MEMORY),
+        *("--workers", str(case.workers), "--threads-per-worker", threads),
+        *("--memory-limit", MEMORY),
         *("--dashboard-address", "127.0.0.1:0", *extra),
     ]
 
@@ -151,7 +160,7 @@ def crashed_run(case: Case, urls: tuple[str, str, str], folder: Path) -> int:
     env["TILEGEMM_CRASH_AT"] = f"{case.step}:{case.nth}:{case.signal}"
     env["TILEGEMM_CRASH_COUNT"] = str(folder / "hits")
     with (folder / "run.err").open("wb") as err:
-        proc = subprocess.Popen(cli_argv(urls, case.scenario), stdout=subprocess.DEVNULL,
+        proc = subprocess.Popen(cli_argv(urls, case), stdout=subprocess.DEVNULL,
                                 stderr=err, env=env, start_new_session=True)  # fmt: skip
     try:
         return proc.wait(timeout=CLI_TIMEOUT_S)
@@ -197,8 +206,7 @@ def run_case(case: Case, folder: Path, client: Any) -> Outcome:
         return bool(np.array_equal(got, want))
 
     def accumulate(**kw: Any) -> None:
-        multiply(*urls, client=client, accumulate=True, alpha=alpha, beta=beta,
-                 memory_limit=MEMORY, **kw)  # fmt: skip
+        multiply(*urls, client=client, accumulate=True, alpha=alpha, beta=beta, **kw)
 
     check(code != -999, "the stopped job hung")
     if code == 0:
