@@ -24,6 +24,7 @@ class EagerClient:
 
     def __init__(self) -> None:
         self.keys: list[str] = []
+        self.blocks: list[Any] = []
         self.merges = 0
 
     def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -32,6 +33,7 @@ class EagerClient:
             self.merges += 1
         else:
             self.keys.append(kwargs.pop("key"))
+            self.blocks.append(args[3])
             assert not kwargs
         return fn(*args)
 
@@ -66,6 +68,16 @@ BLOCKS = [
     # blocks of 3 chunks high over a narrow X: height from the band's own width (3 < 4)
     ((12, 3), (1, 4), 1, 9, [[((0, 3), (0, 3)), ((3, 6), (0, 3)), ((6, 9), (0, 3)),
                               ((9, 12), (0, 3))]]),
+    # one value per variable: 24 variables a band
+    ((1, 50), (1, 1), 1, 24, [
+        [((0, 1), (0, 24))], [((0, 1), (24, 48))], [((0, 1), (48, 50))],
+    ]),
+    # one variable of one-value chunks: 24 values a block
+    ((50, 1), (1, 1), 1, 24, [[((0, 24), (0, 1)), ((24, 48), (0, 1)), ((48, 50), (0, 1))]]),
+    # nothing summed over many variables: bands as wide as the elements allow
+    ((0, 50), (1, 1), 1, 24, [
+        [((0, 0), (0, 24))], [((0, 0), (24, 48))], [((0, 0), (48, 50))],
+    ]),
     # nothing summed: one empty block per band (its moments: count 0)
     ((0, 5), (1, 5), 1, 24, [[((0, 0), (0, 5))]]),
     # no variables: no bands
@@ -224,3 +236,49 @@ def test_a_block_task_reads_its_block_of_x(tmp_path: Path) -> None:
     got = moments.block_task(url, {}, "X", ((2, 4), (0, 6)), 1)
     assert got.count == 2
     np.testing.assert_array_equal(got.mean, x[2:4].mean(axis=0))
+
+
+def test_blocks_follow_xs_own_chunks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chunks of 2 rows x 3 columns: the tasks read whole chunks of X, two bands of variables."""
+    monkeypatch.setattr(moments, "BLOCK_ELEMENTS", 24)
+    x = np.arange(60.0).reshape(10, 6) % 7
+    url = x_url(tmp_path, x, (2, 3))
+    client = EagerClient()
+    got = moments.measure(client, url, {}, Standardize("center", 1))  # type: ignore[arg-type]
+    expected = moments.blocks((10, 6), (2, 3), 1)
+    assert len(expected) == 2 and expected[0][0] == ((0, 8), (0, 3))
+    assert client.blocks == [at for band in expected for at in band]
+    np.testing.assert_allclose(got.shift, x.mean(axis=0), rtol=1e-14)  # type: ignore[arg-type]
+
+
+def test_the_operand_is_named_x_unless_told(tmp_path: Path) -> None:
+    x = np.ones((4, 3))
+    x[2, 1] = np.nan
+    url = x_url(tmp_path, x, (4, 3))
+    with pytest.raises(InputError, match=r"^X holds 1 NaN"):
+        moments.measure(EagerClient(), url, {}, Standardize("scale", 1))  # type: ignore[arg-type]
+
+
+def test_storage_options_and_the_name_reach_every_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client's open and each worker's: the same URL, fsspec options and operand name
+    (what an object store's credentials and every refusal's words depend on)."""
+    url = x_url(tmp_path, np.ones((4, 6)), (4, 2))
+    seen = []
+    real_open, real_worker = moments.inputs.open_input, moments.inputs.open_on_worker
+
+    def open_input(u: str, options: Any, name: str) -> Any:
+        seen.append(("client", u, options, name))
+        return real_open(u, {}, name)
+
+    def open_on_worker(u: str, options: Any, name: str) -> Any:
+        seen.append(("worker", u, options, name))
+        return real_worker(u, {}, name)
+
+    monkeypatch.setattr(moments.inputs, "open_input", open_input)
+    monkeypatch.setattr(moments.inputs, "open_on_worker", open_on_worker)
+    options = {"anon": True}
+    moments.measure(EagerClient(), url, options, Standardize("center", 0), "G")  # type: ignore[arg-type]
+    assert seen[0] == ("client", url, options, "G")
+    assert ("worker", url, options, "G") in seen  # (the worker's open calls open_input too)
