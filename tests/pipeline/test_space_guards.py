@@ -149,14 +149,16 @@ def test_short(room: Room, short: int) -> None:
 def test_the_refusal_names_both_sizes_and_the_fix() -> None:
     room = Room(36 * KiB, False, 10 * KiB, "/data")
     with pytest.raises(UsageError) as refused:
-        check_room(room, "C", "c.zarr", (96, 96), "float32")
+        check_room(room, "C", "c.zarr", (192, 48), "float32")
     assert str(refused.value) == (
-        "C (c.zarr) needs 36.0 KiB (96x96 float32, uncompressed) but its file system has "
+        "C (c.zarr) needs 36.0 KiB (192x48 float32, uncompressed) but its file system has "
         "10.0 KiB free (/data); free 26.0 KiB there, or write C to a file system with room"
     )
     held = Room(36 * KiB, False, 10 * KiB, "/data", held=6 * KiB)
     with pytest.raises(UsageError, match=r"free \(/data\), after the 6\.0 KiB it holds now; "):
         check_room(held, "OUT", "c.zarr", (96, 96), "float32")
+    with pytest.raises(UsageError, match=r"has 0 B free \(/data\); free 36\.0 KiB there"):
+        check_room(Room(36 * KiB, False, 0, "/data"), "OUT", "c.zarr", (96, 96), "float32")
     check_room(Room(36 * KiB, False, 36 * KiB, "/data"), "OUT", "c.zarr", (96, 96), "float32")
 
 
