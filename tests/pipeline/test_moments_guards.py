@@ -282,3 +282,13 @@ def test_storage_options_and_the_name_reach_every_read(
     moments.measure(EagerClient(), url, options, Standardize("center", 0), "G")  # type: ignore[arg-type]
     assert seen[0] == ("client", url, options, "G")
     assert ("worker", url, options, "G") in seen  # (the worker's open calls open_input too)
+
+
+def test_a_corrupt_chunk_is_named_with_the_fix_for_a_moments_pass(tmp_path: Path) -> None:
+    url = x_url(tmp_path, np.ones((4, 6)), (4, 2))
+    (tmp_path / "x.zarr" / "c" / "0" / "1").write_bytes(b"not a chunk")
+    with pytest.raises(InputError) as refused:
+        moments.block_task(url, {}, "G", ((0, 4), (0, 6)), 1)
+    text = str(refused.value)
+    assert text.startswith(f"G ({url}) has a chunk that cannot be read: {url}/c/0/1 (rows 0:4")
+    assert text.endswith("restore that chunk from a good copy or rewrite G, then rerun")
