@@ -53,7 +53,11 @@ def task(out_dtype: str, alpha: float = 1.0, beta: float = 1.0, url: str = "/c")
         ("uint8", [(1, [200]), (1, [55])], [255]),
         ("uint8", [(1, [200]), (1, [56])], None),
         ("bool", [(1, [1, 0]), (1, [False, True])], [True, True]),
+        ("bool", [(1, [0]), (1, [False])], [False]),
         ("bool", [(1, [1]), (1, [True])], None),
+        ("int64", [(2**31, [2**32]), (1, [0])], None),  # 2**63: int64 would wrap
+        ("int64", [(3, [2**62]), (1, [1])], None),  # a large first term, a small last one
+        ("int64", [(2**30, [2**30]), (1, [1])], [2**60 + 1]),  # float64 would round
     ],
 )
 def test_integer_sum_is_exact(dtype: str, terms: list[Any], want: list[int] | None) -> None:
@@ -93,6 +97,30 @@ def test_combine_floats_and_integers() -> None:
         combine(task("int16", 1, 1), np.array([[1]], np.int64), np.array([[32767]], np.int16))
 
 
+def test_combine_writes_out_s_dtype_and_scales_an_integer_product() -> None:
+    """Without C_old (a plain product, or --alpha alone) the values come in OUT's dtype, and
+    an integer product scaled by α is checked too."""
+    half = combine(task("float16"), np.array([[1.5]], np.float32), None)
+    assert half.dtype == np.float16
+    scaled = combine(task("int16", 3), np.array([[5, -7]], np.int64), None)
+    np.testing.assert_array_equal(scaled, np.array([[15, -21]], np.int16), strict=True)
+    with pytest.raises(InputError, match=r"reaches -32769\.\.32766, beyond C's int16"):
+        combine(task("int16", -1), np.array([[32769, -32766]], np.int64), None)
+    with pytest.raises(InputError, match=r"reaches 32768\.\.32770, beyond"):
+        combine(task("int16"), np.array([[1, 3]], np.int64), np.array([[32767, 32767]], "i2"))
+
+
+def test_combine_scales_floats_in_the_products_dtype() -> None:
+    """α·P and β·C_old in the accumulator's float32, as sgemm's alpha and beta would: 3 times
+    (1 + 2**-24) is 3 in float32 (α rounds to 1), 3.0000002 in float64."""
+    alpha = 1 + 2**-24
+    got = combine(task("float32", alpha, alpha), np.array([[3.0]], np.float32),
+                  np.array([[3.0]], np.float32))  # fmt: skip
+    np.testing.assert_array_equal(got, np.array([[6.0]], np.float32), strict=True)
+    got = combine(task("float32", alpha), np.array([[3.0]], np.float32), None)
+    np.testing.assert_array_equal(got, np.array([[3.0]], np.float32), strict=True)
+
+
 def test_combine_leaves_a_reused_product_buffer_alone() -> None:
     product = np.array([[1.0, 2.0]])
     combine(task("float64", 2.0, 1.0), product, np.array([[1.0, 1.0]]))
@@ -100,6 +128,38 @@ def test_combine_leaves_a_reused_product_buffer_alone() -> None:
 
 
 # -- C's objects: moved aside, moved home ---------------------------------------------------
+
+
+def tile_task(out: Output, accumulate: bool = True) -> Any:
+    options = SimpleNamespace(alpha=1.0, beta=1.0, accumulate=accumulate)
+    return SimpleNamespace(options=options, out_dtype="float64", output=out, lock_token="",
+                           fingerprint="fp", store=SimpleNamespace(storage_options={}))  # fmt: skip
+
+
+def test_a_task_moves_its_tile_once_and_reads_c_old_from_the_originals(tmp_path: Path) -> None:
+    from pipeline.accumulate.tasks import original
+    from pipeline.plan.spec import Tile
+
+    out, c = make_c(tmp_path)
+    state._write_state(out, {"fingerprint": "fp", "phase": "running"})
+    (Path(out.url) / SIDECAR / "original").mkdir()
+    shutil_copy(Path(out.url) / "zarr.json", Path(out.url) / SIDECAR / "original/zarr.json")
+    tile = Tile((0, 1), (0, 4), (2, 4))
+    assert original(tile_task(out, accumulate=False), tile) is None
+    assert (Path(out.url) / "c/0/1").exists(), "nothing moves unless accumulating"
+    kept = original(tile_task(out), tile)
+    assert kept is not None and originals.is_saved(out, (0, 1))
+    assert not (Path(out.url) / "c/0/1").exists() and (Path(out.url) / "c/0/0").exists()
+    c[0:2, 2:4] = 100.0  # the task's write; C_old still reads from the originals
+    np.testing.assert_array_equal(kept.rows(0, 2), [[2.0, 3.0], [6.0, 7.0]])
+    np.testing.assert_array_equal(kept.rows(1, 4), [[6.0, 7.0], [-1.0, -1.0], [-1.0, -1.0]])
+    again = original(tile_task(out), tile)  # a retry: the marker says they are all moved
+    assert again is not None
+    np.testing.assert_array_equal(again.rows(0, 1), [[2.0, 3.0]])
+
+
+def shutil_copy(source: Path, target: Path) -> None:
+    target.write_bytes(source.read_bytes())
 
 
 def make_c(tmp_path: Path, **layout: Any) -> tuple[Output, Any]:
