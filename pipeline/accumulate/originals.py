@@ -82,6 +82,15 @@ class Files:
             return []
         return sorted(p[len(self.root) + 1 :] for p in self.fs.find(prefix))
 
+    def sync(self, names: list[str]) -> None:
+        """The folders holding ``names`` synced: renames into and out of them survive a power
+        cut (an object store's puts are durable when they return)."""
+        if self.door is None:
+            return
+        for folder in sorted({name.rpartition("/")[0] for name in names}):
+            if self.door.exists(folder) or not folder:
+                self.door.sync_folder(folder)
+
     def remove_folder(self, folder: str) -> None:
         """The folder's empty folders (a local C; an object store has none)."""
         if self.door is not None and self.door.exists(folder):
@@ -118,8 +127,12 @@ def save_tile(out: Output, index: tuple[int, int], keys: list[str]) -> None:
         elif not files.move(key, target):
             absent.append(key)
         crash.point("move.object")
+    files.sync([*keys, *(f"{SIDECAR}/{ORIGINAL}/{key}" for key in keys)])
     marker = json.dumps({"index": list(index), "absent": absent}).encode()
-    write_bytes(sidecar_url(out), marker_name(index), marker, out.storage_options)
+    if files.door is not None:  # synced: the marker says C's objects of the tile are gone
+        files.door.write(f"{SIDECAR}/{marker_name(index)}", marker, durable=True)
+    else:
+        write_bytes(sidecar_url(out), marker_name(index), marker, out.storage_options)
     crash.point("move.marker")
 
 
@@ -132,7 +145,7 @@ def restore(out: Output) -> int:
     hold before (those written by the accumulation where C had its fill value); returns the
     objects put back. Safe to repeat after a crash at any point: a marker goes only once its
     tile's objects are removed, an original only by its move home."""
-    files, restored = Files(out), 0
+    files, restored, homes = Files(out), 0, []
     for marker in files.files(f"{SIDECAR}/{SAVED}"):
         data = read_small(out.url, marker, out.storage_options) or b"{}"
         for key in _absent_keys(data, out.url, marker):
@@ -147,6 +160,8 @@ def restore(out: Output) -> int:
         files.move(name, key, replace=True)
         restored += 1
         crash.point("rollback.object")
+        homes.append(key)
+    files.sync(homes)  # before the state goes: C's objects are home on disk
     return restored
 
 

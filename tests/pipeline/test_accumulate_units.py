@@ -213,6 +213,37 @@ def test_a_tile_saved_written_and_put_back(tmp_path: Path) -> None:
     assert not [k for k in after if k.startswith(f"{SIDECAR}/saved")]
 
 
+def test_moves_are_on_disk_before_the_marker_and_before_the_state_goes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A power cut must not leave a marker whose moves were lost: the folders the renames
+    touched are synced first, then the marker is written synced; a rollback syncs C's
+    folders before the state can go."""
+    from pipeline.store.door import Door
+
+    out, c = make_c(tmp_path)
+    events: list[tuple[str, str]] = []
+    real_sync, real_write = Door.sync_folder, Door.write
+
+    def sync(self: Door, relpath: str = "") -> None:
+        events.append(("sync", relpath))
+        real_sync(self, relpath)
+
+    def write(self: Door, name: str, data: Any, **kw: Any) -> None:
+        events.append(("write" + (" synced" if kw.get("durable") else ""), name))
+        real_write(self, name, data, **kw)
+
+    monkeypatch.setattr(Door, "sync_folder", sync)
+    monkeypatch.setattr(Door, "write", write)
+    originals.save_tile(out, (0, 0), ["c/0/0", "c/0/1"])
+    side = f"{SIDECAR}/original/c/0"
+    assert sorted(events[:2]) == [("sync", side), ("sync", "c/0")]
+    assert events[-1] == ("write synced", f"{SIDECAR}/saved/tile-0-0.json")
+    events.clear()
+    originals.restore(out)
+    assert ("sync", "c/0") in events
+
+
 def test_a_move_killed_between_link_and_unlink(tmp_path: Path) -> None:
     """Both names one file: the rerun drops C's name and keeps the saved one; two different
     files under both names cannot be told apart and are refused."""
