@@ -5,6 +5,7 @@ target band-writer)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -18,6 +19,7 @@ import pytest
 import zarr
 from numpy.typing import NDArray
 
+from pipeline.accumulate import crash
 from pipeline.errors import UnsafeOutputError
 from pipeline.plan.spec import StoreSpec, Tile
 from pipeline.plan.standardize import Standardize
@@ -218,8 +220,10 @@ class Accumulating:
 
     def __init__(self, originals: Rows | None) -> None:
         self.originals = originals
+        self.tiles: list[Tile] = []
 
     def original(self, spec: TaskSpec, tile: Tile) -> Rows | None:
+        self.tiles.append(tile)
         return self.originals
 
     @staticmethod
@@ -233,7 +237,8 @@ def test_accumulating_combines_each_band_with_the_originals_under_it(
     """A resumed tile's band (rows of ``todo``) is combined with C's original rows at the
     same place of the tile."""
     originals = Rows()
-    monkeypatch.setattr(band_writer, "accumulate", Accumulating(originals))
+    accumulating = Accumulating(originals)
+    monkeypatch.setattr(band_writer, "accumulate", accumulating)
     tile = Tile((1, 0), (4, 12), (0, 12))
     with lock.hold_lock(str(out), {}) as held:
         spec = spec_for(out, held.token)
@@ -241,6 +246,7 @@ def test_accumulating_combines_each_band_with_the_originals_under_it(
             writer.accept((0, 2), rows_of(0.5, 2, 12))
             writer.accept((2, 5), rows_of(0.5, 3, 12))
             writer.finish()
+    assert accumulating.tiles == [tile]  # the whole tile's originals moved aside, once
     assert originals.asked == [(3, 5), (5, 8)]  # rows of the tile, 7 - 4 = 3 in
     got = stored(out)
     np.testing.assert_array_equal(got[7:12, 0], 0.5 + 100.0 * np.arange(3, 8))
@@ -289,7 +295,10 @@ def test_leaving_the_writer_waits_for_every_queued_band(
 ) -> None:
     """No write of a task outlives it, even without finish()."""
 
+    names = []
+
     def slow_fence(self: Output, token: str) -> None:
+        names.append(threading.current_thread().name)
         time.sleep(0.2)
 
     monkeypatch.setattr(Output, "check_fence", slow_fence)
@@ -298,6 +307,7 @@ def test_leaving_the_writer_waits_for_every_queued_band(
         with BandWriter(spec, Tile((0, 0), (0, 4), (0, 12)), None, PhaseTimes()) as writer:
             writer.accept((0, 4), rows_of(1.0, 4, 12))
         assert (stored(out)[:4] == 1.0).all()
+    assert names[0].startswith("band-write")  # named in a worker's thread dump and profiles
 
 
 def test_at_most_two_bands_wait_to_be_written(out: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -341,3 +351,42 @@ def test_the_writer_holds_out_to_the_folder_the_job_locked(out: Path, tmp_path: 
             writer.accept((0, 4), rows_of(1.0, 4, 12))
             writer.finish()
     assert np.isnan(stored(out)).all()
+
+
+def test_each_band_written_is_a_step_of_the_crash_schedule(
+    out: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``make fuzz-crash`` stops a job after any band written: each band counts one hit of
+    the step ``write.band`` (the 99th, never reached here, would be the signal)."""
+    count = tmp_path / "hits"
+    monkeypatch.setenv(crash.AT, "write.band:99:TERM")
+    monkeypatch.setenv(crash.COUNT, str(count))
+    with lock.hold_lock(str(out), {}) as held:
+        spec = spec_for(out, held.token)
+        with BandWriter(spec, Tile((0, 0), (0, 12), (0, 12)), None, PhaseTimes()) as writer:
+            for i in range(3):
+                writer.accept((4 * i, 4 * i + 4), rows_of(1.0, 4, 12))
+            writer.finish()
+    assert count.read_bytes() == b"..."
+
+
+def test_a_new_job_writes_through_its_own_handle_of_out(out: Path, tmp_path: Path) -> None:
+    """A long-lived worker: OUT rewritten between two jobs (float64, then float32 at the same
+    path) is written as the second job's OUT, not through the first job's cached handle."""
+    tile = Tile((0, 0), (0, 4), (0, 12))
+    with lock.hold_lock(str(out), {}) as held:
+        first = spec_for(out, held.token)
+        with BandWriter(first, tile, None, PhaseTimes()) as writer:
+            writer.accept((0, 4), rows_of(1.0, 4, 12))
+            writer.finish()
+    zarr.create_array(str(out), shape=SHAPE, chunks=(4, 12), dtype="float32",
+                      fill_value=np.nan, overwrite=True)  # fmt: skip
+    with lock.hold_lock(str(out), {}) as held:
+        second = dataclasses.replace(
+            spec_for(out, held.token), fingerprint="fp-2", out_dtype="float32"
+        )
+        with BandWriter(second, tile, None, PhaseTimes()) as writer:
+            writer.accept((0, 4), rows_of(2.0, 4, 12).astype(np.float32))
+            writer.finish()
+    got = stored(out)
+    assert got.dtype == np.float32 and (got[:4] == 2.0).all() and np.isnan(got[4:]).all()
