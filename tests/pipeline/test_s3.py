@@ -150,3 +150,24 @@ def test_accumulate_on_s3(s3: dict[str, Any], client: Client) -> None:
     fs = s3fs.S3FileSystem(**s3)
     assert not fs.exists("bucket/acc/c.zarr/.tilegemm-accumulate"), "cleaned up"
     assert not fs.exists("bucket/acc/c.zarr/lock.json")
+
+
+def test_a_refused_accumulation_on_s3_puts_c_back(s3: dict[str, Any], client: Client) -> None:
+    """An object store has no rename: the originals are copied aside and deleted, and copied
+    home again when a tile's sum leaves an int16 C's range; C's objects as they were."""
+    import s3fs
+
+    from pipeline.errors import InputError
+
+    fs = s3fs.S3FileSystem(**s3)
+    a_url = put("s3://bucket/back/a.zarr", np.ones((40, 3), bool), (20, 3), s3)
+    b_url = put("s3://bucket/back/b.zarr", np.ones((3, 20), bool), (3, 10), s3)
+    c0 = np.zeros((40, 20), "int16")
+    c0[-1, -1] = 32767
+    c_url = put("s3://bucket/back/c.zarr", c0, (20, 10), s3)
+    before = {p: fs.cat_file(p) for p in fs.find("bucket/back/c.zarr")}
+    with pytest.raises(InputError, match="beyond C's int16 range"):
+        multiply(a_url, b_url, c_url, client=client, storage_options=s3, accumulate=True)
+    fs.invalidate_cache()
+    after = {p: fs.cat_file(p) for p in fs.find("bucket/back/c.zarr")}
+    assert after == before
