@@ -16,6 +16,8 @@ from dask.system import CPU_COUNT
 from distributed import Client
 
 from cluster.dashboard import has_dashboard, quiet_port_change, serve_when_asked
+from cluster.handshake import CONNECT_TIMEOUT_S, connect_timeout_s
+from cluster.handshake import check_scheduler as probe_scheduler
 from cluster.memory import MemoryLimit
 from cluster.security import (
     ORIGIN_KEY,
@@ -37,7 +39,6 @@ from kernels.backends import driver_gpus
 from kernels.constants import CUDA_INSTALL
 
 log = logging.getLogger("pipeline")
-CONNECT_TIMEOUT_S = 10
 
 
 def count_gpus() -> int:
@@ -71,8 +72,7 @@ def start(spec: ClusterSpec, memory_limit: MemoryLimit | None = None) -> Iterato
     --memory-limit`` reads it (an existing cluster keeps its own limits).
     """
     if spec.existing:
-        address = spec.scheduler or scheduler_address(spec.scheduler_file or "")
-        with connect(address) as client:
+        with connect(_address(spec)) as client:
             yield client
         return
     kind, options = local_cluster_options(spec, count_gpus(), CPU_COUNT, memory_limit)
@@ -148,9 +148,22 @@ def dashboard_link(client: Client, address: str) -> str:
     return f"http://{'127.0.0.1' if host in ('', '0.0.0.0') else host}:{port}/status"
 
 
-@contextlib.contextmanager
-def connect(address: str) -> Iterator[Client]:
-    """Join an existing scheduler; closing the client never shuts the cluster down."""
+def check_scheduler(spec: ClusterSpec) -> None:
+    """The scheduler the spec names (if any) answers as a Dask scheduler, within the connect
+    timeout: asked before OUT is created, so a wrong address leaves nothing behind."""
+    if spec.existing:
+        _check_address(_address(spec))
+
+
+def _address(spec: ClusterSpec) -> str:
+    return spec.scheduler or scheduler_address(spec.scheduler_file or "", connect_timeout_s())
+
+
+def _check_address(address: str) -> None:
+    """Refuse an address that does not resolve, TLS settings that cannot work, and a peer
+    that does not answer as a Dask scheduler (ClusterError, exit 2)."""
+    from distributed.security import Security
+
     from pipeline.errors import ClusterError
 
     try:
@@ -161,11 +174,22 @@ def connect(address: str) -> Iterator[Client]:
             "e.g. tcp://HOST:8786"
         ) from e
     check_tls_config(address)
+    connection_args = Security().get_connection_args("client")
+    probe_scheduler(address, connect_timeout_s(), connection_args)
+
+
+@contextlib.contextmanager
+def connect(address: str) -> Iterator[Client]:
+    """Join an existing scheduler; closing the client never shuts the cluster down."""
+    from pipeline.errors import ClusterError
+
+    _check_address(address)  # distributed's handshake has no deadline of its own
+    timeout_s = connect_timeout_s()
     try:
-        client = Client(address, timeout=CONNECT_TIMEOUT_S)
+        client = Client(address, timeout=timeout_s)
     except (OSError, TimeoutError, ValueError) as e:
         raise ClusterError(
-            f"cannot reach the scheduler at {address} within {CONNECT_TIMEOUT_S} s ({e}); "
+            f"cannot reach the scheduler at {address} within {timeout_s:g} s ({e}); "
             + connect_hint(address)
         ) from e
     try:
@@ -195,7 +219,7 @@ def scheduler_address(path: str, wait_s: float = CONNECT_TIMEOUT_S) -> str:
             raise ValueError("its address is not text")
         except FileNotFoundError:
             problem = "does not exist"
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError, KeyError, TypeError, RecursionError) as e:
             problem = f"holds no scheduler address ({type(e).__name__}: {e})"
         if time.monotonic() >= deadline:
             raise ClusterError(

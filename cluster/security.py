@@ -4,6 +4,7 @@ TLS cluster checks dask's TLS settings first, so a mistake is one line naming th
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
 from typing import Any
@@ -108,13 +109,21 @@ def connect_hint(address: str) -> str:
     )
 
 
+PEM_MAX_BYTES = 1 << 20
+"""A certificate chain or key holds a few KiB; more is not one."""
+
+
 def _check_readable(key: str, value: str | None) -> None:
     if not value or "\n" in value:  # unset (the key may sit in the cert file), or PEM text
         return
-    try:
-        with open(value, "rb") as pem:
-            pem.read(1)
+    from pipeline.store.options_file import read_small_file
+
+    try:  # opened non-blocking, regular files only: a FIFO there would hang ssl's own open
+        read_small_file(value, PEM_MAX_BYTES)
     except OSError as e:
         raise ClusterError(
             f"{key} is {value}, which cannot be read ({e.strerror}); " + TLS_FIX
         ) from e
+    except ValueError as e:  # a FIFO, a device, a folder, or more than a PEM file holds
+        problem = "cannot be read (Is a directory)" if os.path.isdir(value) else str(e)
+        raise ClusterError(f"{key} is {value}, which {problem}; " + TLS_FIX) from e

@@ -41,7 +41,7 @@ from pipeline.store import coordinates, groups, inputs
 from pipeline.store.chunks.raw import device_decodable
 from pipeline.store.fs import absolute, check_protocol, refuse_linked, resolve_url
 from pipeline.store.locate import locate, merge_options
-from pipeline.store.output import Output
+from pipeline.store.output import Output, check_chunk_count
 from pipeline.store.owned import check_finished
 from pipeline.store.report_file import check_report
 from pipeline.store.signature import key_encoding, metadata_digest
@@ -166,6 +166,8 @@ def _validated(
     backend = planning_backend(options.backend, options.device_class)
     t, sym = store.transposed, store.symmetric
     plan = plan_for(a_spec, b_spec, options, state, None, backend, transposed=t, symmetric=sym)
+    (m, n), name = plan.out.shape, "G" if sym else "OUT"
+    check_chunk_count(plan.out.shape, plan.out.chunks, f"{name} ({m}x{n})")
     check_job_precision(options.backend, None, plan.compute_dtype, options.precision)
     a_names, b_names = (_names(x, t) for x, t in zip(arrays, store.transposed, strict=True))
     unnamed = groups.group_dimensions(store.out_url, store.storage_options)

@@ -130,6 +130,16 @@ class ClusterError(PipelineError, ConnectionError):
     """The scheduler cannot be reached or has no workers."""
 
 
+class NotASchedulerError(ClusterError, UsageError):
+    """The scheduler address (or scheduler file) leads to something that answers, but not as
+    a Dask scheduler does: another service, or a Dask worker."""
+
+
+class OutputUnreachableError(PipelineError, FileNotFoundError):
+    """A worker cannot see OUT, which this machine created: it sees other files (no shared
+    file system, another mount) or may not open them."""
+
+
 class JobError(PipelineError, RuntimeError):
     """The job started but failed."""
 

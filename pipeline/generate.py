@@ -13,12 +13,12 @@ import zarr
 
 from pipeline.errors import InputError, OutputExistsError, UsageError
 from pipeline.store import groups
-from pipeline.store.fs import check_writable, refuse_linked, resolve_url
+from pipeline.store.fs import check_protocol, check_writable, refuse_linked, resolve_url
+from pipeline.store.output import MAX_CHUNKS as MAX_CHUNKS  # the limit random states
 from pipeline.store.output import Output
+from pipeline.store.output import check_chunk_count as check_grid
 from pipeline.store.record import OutRecord
 
-MAX_CHUNKS = 10_000_000
-"""Chunks one array may have: each is a file (or object) and a seeded draw; more is a mistake."""
 BATCH = 1024
 """Chunks handed to the writer threads at once (a bounded queue, whatever the count)."""
 
@@ -44,6 +44,7 @@ def write_random(
         raise UsageError(f"--chunks {chunks[0]}x{chunks[1]} must be at least 1x1")
     check_seed(seed)
     check_chunk_count(shape, chunks)
+    check_protocol(url, "OUT")
     if overwrite:
         refuse_linked(url, "OUT", "--overwrite")
     url = resolve_url(url, "OUT")
@@ -81,14 +82,8 @@ def check_seed(seed: object) -> None:
 
 def check_chunk_count(shape: tuple[int, int], chunks: tuple[int, int]) -> None:
     """Refuse more than MAX_CHUNKS chunks with the numbers, before OUT is created."""
-    grid = [-(-size // chunk) for size, chunk in zip(shape, chunks, strict=True)]
-    count = grid[0] * grid[1]
-    if count > MAX_CHUNKS:
-        raise UsageError(
-            f"--shape {shape[0]}x{shape[1]} in --chunks {chunks[0]}x{chunks[1]} makes "
-            f"{count:,} chunks ({grid[0]:,}x{grid[1]:,}), more than the limit of "
-            f"{MAX_CHUNKS:,}; pass bigger --chunks or a smaller --shape"
-        )
+    named = f"--shape {shape[0]}x{shape[1]}"
+    check_grid(shape, chunks, named, " or a smaller --shape")
 
 
 def _fill(array: Any, shape: tuple[int, int], chunks: tuple[int, int], dt: Any, seed: int) -> None:

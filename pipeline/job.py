@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
+from cluster.lifecycle import check_scheduler
 from kernels.backends import get_backend
 from pipeline import settings
 from pipeline.accumulate import state as accumulate
@@ -194,6 +195,7 @@ class MatmulJob:
             check_room_for_c(room_for_c(self.output), self.store.out_url)
         report = report_context(opts.report, opts.storage_options)
         current = (lambda: accumulate.snapshot(self.output)) if opts.accumulate else None
+        check_scheduler(opts.cluster)  # a wrong address is refused before OUT is created
         claim = self.output.claim(
             self.state, overwrite=opts.overwrite, resume=opts.resume, current=current
         )

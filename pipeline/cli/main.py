@@ -20,6 +20,7 @@ from types import FrameType
 from typing import Any
 
 from cluster.spec import ClusterSpec
+from pipeline.cli import stdout
 from pipeline.cli.parser import (
     Parser,
     build_parser,
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         with interrupt_once(INTERRUPTED[args.command], status), cli_spelling():
             args.storage_options = storage_options(args)
             secrets |= secret_values(args.storage_options)
-            with scrubbed_logs(secrets):
+            with scrubbed_logs(secrets), stdout.forgiving():  # `--dry-run | head -1`
                 return int(COMMANDS[args.command](args))
     except PipelineError as e:
         return _fail(f"error: {e}", e.exit_code, args.debug, secrets, status)

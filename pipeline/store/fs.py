@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from typing import Any
 
 import fsspec
 
-from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.errors import InputError, InputNotFoundError, UnsafeOutputError, UsageError
 from pipeline.store.door import SMALL_READ_BYTES, Door
 
 
 def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, str]:
     """The fsspec file system and path of a URL (or local path)."""
+    check_archive(url, "")
     try:
         fs, path = fsspec.core.url_to_fs(url, **(fsspec_options(url, storage_options) or {}))
     except (ImportError, ValueError) as e:
@@ -58,7 +60,10 @@ def read_json(url: str, relpath: str, storage_options: dict[str, Any] | None) ->
     """The JSON file ``relpath`` inside the store at ``url``, parsed; None when there is none
     (a torn file raises ValueError: what it means is the caller's to say)."""
     data = read_small(url, relpath, storage_options)
-    return None if data is None else json.loads(data)
+    try:
+        return None if data is None else json.loads(data)
+    except RecursionError:  # nested past the parser's limit: no file of ours, nor zarr's
+        raise ValueError(f"{relpath} is JSON nested deeper than Python's parser goes") from None
 
 
 def list_json(url: str, relpath: str, storage_options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -111,6 +116,9 @@ def check_protocol(url: str, name: str) -> None:
     protocol, _ = fsspec.core.split_protocol(url)
     if protocol is None:
         return
+    for link in url.split("::"):
+        _refuse_credentials(link, name)
+    check_archive(url, name)
     try:
         fsspec.get_filesystem_class(protocol)
     except ValueError as e:
@@ -120,6 +128,48 @@ def check_protocol(url: str, name: str) -> None:
         ) from e
     except ImportError as e:
         raise UsageError(f"{name} ({url}) needs a package that is not installed: {e}") from e
+
+
+def check_archive(url: str, name: str) -> None:
+    """A chained URL's local archive (``zip://A::a.zip``) is a regular file: a missing one is
+    said so, and a FIFO or device is never opened (fsspec's open of a FIFO waits forever)."""
+    _, chained, target = url.rpartition("::")
+    local = local_path(target) if chained else None
+    if local is None:
+        return
+    who = f"{name} ({url})" if name else url
+    try:
+        mode = os.stat(local).st_mode
+    except FileNotFoundError as e:
+        raise InputNotFoundError(
+            f"{who}: its archive {local} does not exist; check the path"
+        ) from e
+    except OSError as e:
+        raise InputError(f"{who}: its archive {local} cannot be read ({e.strerror})") from e
+    if not stat.S_ISREG(mode):
+        kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO, device or socket"
+        raise InputError(
+            f"{who}: its archive {local} is {kind}, not a file; name the archive file itself"
+        )
+
+
+OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss")
+"""Protocols whose URL names a bucket after ``://``: a ``user:password@`` there is no login."""
+
+
+def _refuse_credentials(url: str, name: str) -> None:
+    """``s3://KEY:SECRET@bucket`` would be read as a bucket named ``KEY:SECRET@bucket`` (and
+    quoted in errors): refused with a message that holds neither."""
+    protocol, colon, rest = url.partition("://")
+    bucket = rest.split("/", 1)[0]
+    if not colon or protocol.lower() not in OBJECT_STORES or "@" not in bucket:
+        return
+    shown = f"{protocol}://***@{rest.split('@', 1)[1]}"
+    raise UsageError(
+        f"{name} ({shown}) has credentials in its URL, which {protocol}:// does not take; "
+        "remove them and pass them as --storage-option key=... --storage-option secret=... "
+        "(or in the environment, e.g. AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)"
+    )
 
 
 LOCAL_SCHEMES = ("file://", "local://")

@@ -76,6 +76,11 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
         raise InputNotFoundError(f"{name} ({url}) does not exist; check the path") from e
     except (OSError, ValueError, KeyError, json.JSONDecodeError) as e:
         raise InputError(f"{name} ({url}) cannot be opened as a Zarr array: {e}") from e
+    except RecursionError:  # no Zarr metadata nests that deep; the traceback would be huge
+        raise InputError(
+            f"{name} ({url}) cannot be opened as a Zarr array: its metadata JSON is nested "
+            "deeper than Python's parser goes, which no Zarr metadata needs; check the file"
+        ) from None
     try:
         return bounded(array)  # every decode capped (its stored objects: open_input_array)
     except InputError as e:  # a codec nothing bounds, named
@@ -213,7 +218,7 @@ def unreachable(error: BaseException, url: str, name: str = "") -> InputUnreacha
     a worker (this machine's own read: its error says it)."""
     if isinstance(error, InputUnreachableError):
         return error
-    worker = _worker_address()
+    worker = worker_address()
     if not worker:
         return None
     reason, cause = None, error
@@ -230,7 +235,7 @@ def unreachable(error: BaseException, url: str, name: str = "") -> InputUnreacha
     return None if reason is None else InputUnreachableError(url, worker, reason, name)
 
 
-def _worker_address() -> str:
+def worker_address() -> str:
     """The address of the Dask worker running this task ("" outside one)."""
     try:
         from distributed import get_worker

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,13 @@ import zarr
 from zarr.codecs import BloscCodec
 
 from pipeline import settings
-from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError, storage_problem
+from pipeline.errors import (
+    OutputExistsError,
+    OutputUnreachableError,
+    UnsafeOutputError,
+    UsageError,
+    storage_problem,
+)
 from pipeline.plan.standardize import MOMENTS_KEY, Standardize
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import door, groups, journal, lock, owned, signature
@@ -38,14 +45,35 @@ from pipeline.store.fs import (
     write_bytes,
 )
 from pipeline.store.handles import cached_array, open_output
+from pipeline.store.inputs import worker_address
 from pipeline.store.reach import check_apart
 from pipeline.store.record import ATTRS_KEY, OutRecord, alpha_flag, differences, of_array
 
 if TYPE_CHECKING:
     from pipeline.plan.matmul import MatmulPlan
 
+FENCE_WAITS_S = (0.1, 0.3, 1.0)
+"""Pauses between reads of OUT's lock when the storage fails one (a transient object-store
+error): four reads over 1.4 s before the band fails."""
 OVERWRITE = "or pass --overwrite to start over"
 """The way out of every refusal to --resume."""
+MAX_CHUNKS = 10_000_000
+"""Chunks an array of ours may have: each is a file (or object) and a write; more is a mistake."""
+
+
+def check_chunk_count(
+    shape: tuple[int, int], chunks: tuple[int, int], named: str, fix: str = ""
+) -> None:
+    """Refuse more than MAX_CHUNKS chunks with the numbers, before anything is created;
+    ``named`` says the array's shape as the user gave it (``--shape 4x4``, ``OUT (4x4)``)."""
+    grid = [-(-size // chunk) for size, chunk in zip(shape, chunks, strict=True)]
+    count = grid[0] * grid[1]
+    if count > MAX_CHUNKS:
+        raise UsageError(
+            f"{named} in --chunks {chunks[0]}x{chunks[1]} makes {count:,} chunks "
+            f"({grid[0]:,}x{grid[1]:,}), more than the limit of {MAX_CHUNKS:,}; pass bigger "
+            f"--chunks{fix}"
+        )
 
 
 @dataclass(frozen=True)
@@ -375,14 +403,14 @@ class Output:
     def check_fence(self, lock_token: str) -> None:
         """Worker side, before each write: the job that sent this task still holds OUT's lock
         (its token is the lock's). A task of a stopped job, still running on an external
-        cluster, stops here once a newer job has claimed OUT."""
+        cluster, stops here once a newer job has claimed OUT. A storage error reading the
+        lock is retried (FENCE_WAITS_S) before the band fails with it."""
         if not lock_token:
             return
-        try:
-            holder = lock.read_lock(self.url, self.storage_options) or {}
-        except UnsafeOutputError:
-            holder = {}
-        if holder.get("token") != lock_token:
+        holder = self._lock_holder()
+        if holder is None and not self._seen_here():
+            raise self._unseen("it does not exist there")
+        if (holder or {}).get("token") != lock_token:
             raise UnsafeOutputError(
                 f"OUT ({self.url}): the job that started this task no longer holds OUT's lock "
                 "(it stopped, or another job took OUT); this task stops without writing"
@@ -393,9 +421,58 @@ class Output:
         if folder is not None and local_path(self.url) is not None:
             door.pin(self.url, folder)
 
+    def _lock_holder(self) -> dict[str, Any] | None:
+        """OUT's lock record (None: there is none), read again after a transient storage
+        error or a torn record; the last attempt's error is raised."""
+        for wait_s in FENCE_WAITS_S:
+            try:
+                return self._read_lock()
+            except Exception as e:
+                if not self._transient(e):
+                    raise
+            time.sleep(wait_s)
+        return self._read_lock()  # the last try: its error fails the band
+
+    def _read_lock(self) -> dict[str, Any] | None:
+        try:
+            found = read_json(self.url, lock.LOCK_NAME, self.storage_options)
+        except UnsafeOutputError:  # larger than a lock record: not one
+            return {}
+        return found if found is None or isinstance(found, dict) else {}
+
+    def _transient(self, error: Exception) -> bool:
+        """A read error worth another try: the storage's (s3fs passes botocore's connection
+        errors on as they are) or a torn record, not a missing file or a refusal."""
+        if isinstance(error, FileNotFoundError | PermissionError):
+            return False
+        named = storage_problem(error, self.storage_options) is not None
+        return named or isinstance(error, OSError | ValueError)
+
     def writable(self, token: str) -> Any:
-        """Worker side: OUT's array handle, cached per process and job ``token``."""
-        return cached_array(self.url, self.storage_options, token, writable=True)
+        """Worker side: OUT's array handle, cached per process and job ``token``. A worker
+        that cannot see OUT (another machine's files) says so: exit 2, not a failed job."""
+        try:
+            return cached_array(self.url, self.storage_options, token, writable=True)
+        except (FileNotFoundError, NotADirectoryError) as e:
+            if self._seen_here():
+                raise
+            raise self._unseen("it does not exist there") from e
+        except PermissionError as e:
+            raise self._unseen(f"permission denied on {e.filename or self.url}") from e
+
+    def _seen_here(self) -> bool:
+        """Whether this process sees OUT's folder (always true of an object store's)."""
+        local = local_path(self.url)
+        return local is None or os.path.isdir(local)
+
+    def _unseen(self, reason: str) -> OutputUnreachableError:
+        worker = worker_address()
+        where = f"a worker ({worker})" if worker else "this process"
+        return OutputUnreachableError(
+            f"{where} cannot see OUT ({self.url}), which this machine created: {reason}; the "
+            "workers must see the same paths as this machine (a shared file system), or write "
+            "OUT to storage they reach (e.g. s3://bucket/c.zarr); then rerun with --resume"
+        )
 
     def journal_tile(self, index: tuple[int, int], entry: dict[str, Any]) -> None:
         """Worker side: record a written tile (what --resume trusts)."""

@@ -6,13 +6,14 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import stat
 import tempfile
 from collections.abc import Iterator
 from typing import Any
 
 import fsspec
 
-from pipeline.errors import UnsafeOutputError, UsageError
+from pipeline.errors import ArgumentTypeError, UnsafeOutputError, UsageError
 from pipeline.store.door import Door
 from pipeline.store.fs import inside, local_path, location, resolve_url, url_to_fs
 
@@ -27,6 +28,7 @@ REPORT_BYTES = 1 << 30
 def check_report(report: str, stores: dict[str, str], storage_options: dict[str, Any]) -> str:
     """The report's resolved location, refused when it is (or is inside) one of ``stores``
     (name -> URL) or would replace a file that is not one of our reports."""
+    report = _path_text(report)
     url = resolve_url(report, "--report")
     key = location(url, storage_options)
     for name, store in stores.items():
@@ -45,6 +47,8 @@ def check_report(report: str, stores: dict[str, str], storage_options: dict[str,
         )
     if folder is not None and os.path.isdir(folder):
         raise UsageError(f"--report {report} is a folder; give a file name such as report.html")
+    if folder is not None:
+        _check_local(report, folder)
     head = _head(url, storage_options)
     if head is None:
         return url
@@ -104,6 +108,44 @@ def _head(url: str, storage_options: dict[str, Any] | None) -> bytes | None:
     if fs.isdir(path):
         raise UsageError(f"--report {url} is a folder; give a file name such as report.html")
     return bytes(fs.cat_file(path, start=0, end=HEAD_BYTES))
+
+
+PSEUDO_FOLDERS = ("/proc", "/sys", "/dev")
+"""Where the kernel's files live: nothing written there is a file (``/dev/stdout`` resolves
+to ``/proc/self/fd/1``, a pipe or a terminal)."""
+
+
+def _path_text(report: object) -> str:
+    """``report`` as a path string; ArgumentTypeError for anything else (the API's
+    ``report=123``)."""
+    text = os.fspath(report) if isinstance(report, str | os.PathLike) else None
+    if not isinstance(text, str):
+        raise ArgumentTypeError(
+            f"--report is {type(report).__name__} {report!r}, not a path; give a file name "
+            "such as report.html"
+        )
+    return text
+
+
+def _check_local(report: str, resolved: str) -> None:
+    """Refuse, before any work, a report that could only fail once the product is done: one
+    on the kernel's file systems, or a pipe, device or socket where the report would go."""
+    pseudo = [top for top in PSEUDO_FOLDERS if resolved == top or resolved.startswith(top + "/")]
+    if pseudo:
+        where = f" ({resolved})" if resolved != report else ""
+        raise UsageError(
+            f"--report {report}{where} is in {pseudo[0]}, where the kernel keeps its own "
+            "files and no report can be written; give a file name such as report.html"
+        )
+    try:
+        mode = os.stat(report).st_mode
+    except OSError:
+        return  # not there yet (or unreachable: said when it is written)
+    if not stat.S_ISREG(mode):
+        raise UsageError(
+            f"--report {report} is a pipe, device or socket, not a file; the report is an HTML "
+            "file: give a file name such as report.html"
+        )
 
 
 def _check_ours(head: bytes, report: str) -> None:
