@@ -5,6 +5,7 @@ coordinates)."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 from typing import Any
@@ -263,3 +264,67 @@ def test_values_are_shown_as_a_reader_writes_them() -> None:
     assert coordinates._value("x") == "'x'"
     assert coordinates._described({}) == "no units"
     assert coordinates._described({"units": "m", "calendar": "c"}) == "units 'm', calendar 'c'"
+
+
+def test_a_coordinate_of_the_longest_strings_read_is_compared(tmp_path: Path) -> None:
+    """64 characters are 256 bytes, MAX_ITEM_BYTES: still read and compared."""
+    names = np.array([c * 64 for c in "wxyz"])
+    assert names.dtype.itemsize == coordinates.MAX_ITEM_BYTES
+    with pytest.raises(InputError, match="differ at 4 of 4 positions"):
+        check(tmp_path, (False, False), names, names[::-1].copy())
+
+
+def test_a_difference_in_a_later_block_is_placed_in_the_whole_coordinate(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(coordinates, "BLOCK_BYTES", 16)  # 2 int64 values a read
+    late = SAME.copy()
+    late[3] = -1
+    with pytest.raises(InputError, match="differ at 1 of 4 positions, first at index 3: 30 "):
+        check(tmp_path, (False, False), SAME, late)
+
+
+def test_strings_against_numbers_differ_everywhere(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="differ at 4 of 4 positions, first at index 0: 'a' "):
+        check(tmp_path, (False, False), np.array(list("abcd")), SAME * 1.0)
+
+
+def test_an_infinite_time_is_refused_as_not_whole(tmp_path: Path) -> None:
+    """No RuntimeWarning on the way (warnings are errors here)."""
+    days = {"t": {"units": "days since 2000-01-01"}}
+    hours = {"t": {"units": "hours since 2000-01-01"}}
+    times = np.array([0.0, 1.0, np.inf, 3.0])
+    with pytest.raises(InputError, match="float64 times in days are not whole numbers"):
+        check(tmp_path, (False, False), times, 24 * np.arange(N), attrs_a=days, attrs_b=hours)
+
+
+def test_the_edge_of_datetime64_counts_the_origins_distance_and_the_unit() -> None:
+    """An origin before 1970 takes as much of int64's range as one after; a day is 86400 s."""
+    edge = coordinates.INT64 - 1
+    before = coordinates._decoder({"units": "seconds since 1969-12-31T23:59:50"}, "s")
+    assert before is not None
+    assert before(np.array([edge - 10])).astype(np.int64)[0] == edge - 20
+    with pytest.raises(ValueError, match="beyond"):
+        before(np.array([edge - 9]))
+    days = coordinates._decoder({"units": "days since 1970-01-01"}, "s")
+    assert days is not None
+    most = edge // 86400
+    assert days(np.array([most])).astype(np.int64)[0] == most * 86400
+    with pytest.raises(ValueError, match=f"a time {most + 1} days from its origin"):
+        days(np.array([most + 1]))
+
+
+def test_why_a_coordinate_is_not_compared_is_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    long = np.array([c * 65 for c in "wxyz"])  # 260 bytes an element
+    a, a_url = operand(tmp_path / "a.zarr", ("i", "t"), {"t": SAME})
+    b, b_url = operand(tmp_path / "b.zarr", ("t", "j"), {"t": long})
+    (tmp_path / "c").mkdir()
+    c, c_url = operand(tmp_path / "c" / "c.zarr", ("t", "j"), {})
+    with caplog.at_level(logging.DEBUG, logger="pipeline"):
+        check_contracted([a, b], (a_url, b_url), (False, False))
+        check_contracted([a, c], (a_url, c_url), (False, False))
+    where_b, where_c = tmp_path / "b.zarr" / "t", tmp_path / "c" / "c.zarr" / "t"
+    assert f"coordinate {where_b} of B not compared: dtype <U65" in caplog.messages
+    assert any(m.startswith(f"no coordinate {where_c} for B: ") for m in caplog.messages)
