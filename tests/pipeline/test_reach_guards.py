@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.errors import UnsafeOutputError
+from pipeline.store import reach as reach_module
 from pipeline.store.output import Output
 from pipeline.store.reach import Reach, check_apart, chunk_folder, reach, shared
 
@@ -157,3 +158,44 @@ def test_a_folder_reached_twice_is_walked_once(tmp_path: Path) -> None:
 )
 def test_chunk_folder(path: str, walked: bool) -> None:
     assert chunk_folder(path) is walked
+
+
+def test_the_shortest_shared_path_is_named_not_the_first_made(tmp_path: Path) -> None:
+    a = _store(tmp_path / "a.zarr", {"0": b"x"})  # the file is made before its folder
+    (a / "c" / "9").mkdir(parents=True)
+    (a / "0").rename(a / "c" / "9" / "0")
+    out = _store(tmp_path / "out.zarr", {})
+    (out / "c").mkdir()
+    (out / "c" / "1").symlink_to(a / "c" / "9")
+    assert shared(reach(str(out)), reach(str(a))) == ("c/1", "c/9")
+
+
+def _sorted_listings(monkeypatch: pytest.MonkeyPatch, refused: str) -> None:
+    """Folders list in name order (the walk's order fixed) and ``refused`` cannot be listed."""
+    scandir = os.scandir
+
+    def listing(path: str) -> list[os.DirEntry[str]]:
+        if path.endswith(refused):
+            raise PermissionError(path)
+        with scandir(path) as entries:
+            return sorted(entries, key=lambda e: e.name)
+
+    monkeypatch.setattr(reach_module.os, "scandir", listing)
+
+
+def test_a_folder_that_cannot_be_listed_does_not_end_the_walk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _store(tmp_path / "a.zarr", {"1/0": b"x", "c/0/0": b"y"})
+    _sorted_listings(monkeypatch, "/c")  # c is walked first (the last one found)
+    assert set(reach(str(a)).files) == {"zarr.json", "1/0"}
+
+
+def test_a_dangling_link_does_not_end_its_folders_listing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a = _store(tmp_path / "a.zarr", {"c/0/0": b"y"})
+    (a / "a-gone").symlink_to(tmp_path / "nowhere")  # listed before c and zarr.json
+    _sorted_listings(monkeypatch, "/never")
+    found = reach(str(a))
+    assert set(found.files) == {"zarr.json", "c/0/0"} and found.links == ["a-gone"]
