@@ -9,14 +9,16 @@ through fsspec, where a move is a copy and a delete.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from pipeline.accumulate import crash
 from pipeline.errors import UnsafeOutputError
 from pipeline.store.door import Door
 from pipeline.store.fs import local_path, read_small, url_to_fs, write_bytes
+from pipeline.store.handles import open_output
 from pipeline.store.output import Output
-from pipeline.store.owned import SIDECAR
+from pipeline.store.owned import SIDECAR, record
 
 ORIGINAL = "original"
 SAVED = "saved"
@@ -146,9 +148,10 @@ def restore(out: Output) -> int:
     objects put back. Safe to repeat after a crash at any point: a marker goes only once its
     tile's objects are removed, an original only by its move home."""
     files, restored, homes = Files(out), 0, []
+    chunk_key = _chunk_keys(out)
     for marker in files.files(f"{SIDECAR}/{SAVED}"):
         data = read_small(out.url, marker, out.storage_options) or b"{}"
-        for key in _absent_keys(data, out.url, marker):
+        for key in _absent_keys(data, out.url, marker, chunk_key):
             files.remove(key)
         files.remove(marker)
         crash.point("rollback.tile")
@@ -157,6 +160,8 @@ def restore(out: Output) -> int:
         key = name[len(prefix) :]
         if key in METADATA:
             continue  # C's own metadata, copied there: C's stays where it is
+        if not chunk_key(key):
+            raise _not_ours(out.url, name)
         files.move(name, key, replace=True)
         restored += 1
         crash.point("rollback.object")
@@ -165,17 +170,31 @@ def restore(out: Output) -> int:
     return restored
 
 
-def _absent_keys(data: bytes, url: str, marker: str) -> list[str]:
+def _absent_keys(data: bytes, url: str, marker: str, chunk_key: Callable[[str], bool]) -> list[str]:
     try:
         absent = json.loads(data).get("absent", [])
     except (ValueError, AttributeError):
         absent = None
-    if not isinstance(absent, list) or not all(isinstance(k, str) for k in absent):
-        raise UnsafeOutputError(
-            f"C ({url}): the accumulation's {marker} is not a record of ours; C cannot be "
-            "rolled back safely: restore C from a copy"
-        )
+    if not isinstance(absent, list) or not all(isinstance(k, str) and chunk_key(k) for k in absent):
+        raise _not_ours(url, marker)
     return absent
+
+
+def _chunk_keys(out: Output) -> Callable[[str], bool]:
+    """Whether a name is one of C's stored objects (its chunk grid, in its key encoding): a
+    rollback moves or removes nothing else, whatever a planted file names."""
+    meta = open_output(out.url, out.storage_options).metadata.to_dict()
+    found = record(json.loads(json.dumps(meta, default=str)))
+    if found is None:
+        raise UnsafeOutputError(f"C ({out.url}) is not a 2-D array: it cannot be rolled back")
+    return found.chunk_key
+
+
+def _not_ours(url: str, name: str) -> UnsafeOutputError:
+    return UnsafeOutputError(
+        f"C ({url}): the accumulation's {name} is not a record of ours (it names what is not "
+        "one of C's chunks); C cannot be rolled back safely: restore C from a copy"
+    )
 
 
 def clean(out: Output) -> None:

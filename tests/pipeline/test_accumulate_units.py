@@ -269,12 +269,27 @@ def test_a_half_moved_tile_goes_home_without_a_marker(tmp_path: Path) -> None:
 
 def test_a_marker_that_is_not_ours_stops_the_rollback(tmp_path: Path) -> None:
     out, _ = make_c(tmp_path)
-    for bad in (b"[1]", b'{"absent": "c/0/0"}', b'{"absent": [1]}', b"not json"):
+    planted = (
+        b"[1]", b'{"absent": "c/0/0"}', b'{"absent": [1]}', b"not json",
+        b'{"absent": ["zarr.json"]}', b'{"absent": ["c/0/2"]}', b'{"absent": ["c/0/0/x"]}',
+    )  # fmt: skip
+    for bad in planted:
         (Path(out.url) / SIDECAR / "saved").mkdir(parents=True, exist_ok=True)
         (Path(out.url) / SIDECAR / "saved/tile-0-0.json").write_bytes(bad)
-        with pytest.raises(UnsafeOutputError, match="not a record of ours; C cannot be rolled"):
+        with pytest.raises(UnsafeOutputError, match="not a record of ours .* C cannot be rolled"):
             originals.restore(out)
-        assert (Path(out.url) / "c/0/0").exists()
+        assert (Path(out.url) / "c/0/0").exists() and (Path(out.url) / "zarr.json").exists()
+
+
+def test_a_planted_original_that_is_not_a_chunk_of_c_stops_the_rollback(tmp_path: Path) -> None:
+    """Only C's own chunk keys come home: a file planted as original/x.zarr.json is not moved
+    over anything of C's."""
+    out, _ = make_c(tmp_path)
+    (Path(out.url) / SIDECAR / "original/c/9").mkdir(parents=True)
+    (Path(out.url) / SIDECAR / "original/c/9/9").write_bytes(b"planted")
+    with pytest.raises(UnsafeOutputError, match=r"original/c/9/9 is not a record of ours"):
+        originals.restore(out)
+    assert not (Path(out.url) / "c/9").exists()
 
 
 def test_clean_removes_the_state_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
