@@ -21,13 +21,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 
-ACCUMULATE_TESTS = [
-    "tests/pipeline/test_accumulate_units.py",
-    "tests/pipeline/test_accumulate_protocol.py",
-    "tests/pipeline/test_accumulate_integer_range.py",
-]
-"""The accumulation's own tests that run without subprocesses (the crash schedule's CLI jobs
-would not see a mutant of the process that started them)."""
+ACCUMULATE_TESTS = ["tests/pipeline/test_accumulate_units.py"]
+"""The accumulation's protocol step by step without a cluster (5 s); the cluster and CLI tests
+(test_accumulate*.py, the crash schedule) take minutes a mutant, and a CLI job would not see a
+mutant of the process that started it."""
 
 SAFE = "tests/pipeline/test_safe_by_construction.py"
 OUT_RECORD_UNITS = [
