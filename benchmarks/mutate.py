@@ -158,6 +158,7 @@ TARGETS = {
         [
             "tests/pipeline/test_verify_unit.py",
             "tests/pipeline/test_verify_standardized_tolerance.py",
+            "tests/pipeline/test_verify_bad_chunks.py",
         ],
     ),
 }
