@@ -74,13 +74,35 @@ def test_overwrite_removes_ours_metadata_last_and_keeps_the_lock(tmp_path: Path)
     assert sorted(p.name for p in out.iterdir()) == ["lock.json"]  # empty folders gone too
 
 
-def test_the_metadata_document_goes_last(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    out = _out(tmp_path)
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_the_metadata_documents_go_last(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zarr_format: int
+) -> None:
+    out = _out(tmp_path, zarr_format=zarr_format)
     order: list[str] = []
     remove = owned.Door.remove
     monkeypatch.setattr(owned.Door, "remove", lambda door, n: order.append(n) or remove(door, n))
     owned.remove_ours(str(out), {})
-    assert order == ["c/0/0", "c/0/1", "c/1/0", "c/1/1", "zarr.json"]
+    chunks = (
+        ["c/0/0", "c/0/1", "c/1/0", "c/1/1"] if zarr_format == 3 else ["0.0", "0.1", "1.0", "1.1"]
+    )
+    assert order == chunks + (["zarr.json"] if zarr_format == 3 else [".zarray", ".zattrs"])
+
+
+def test_an_object_store_is_reached_with_its_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"memory://owned-options-{tmp_path.name}/c.zarr"
+    zarr.create_array(url, shape=(4, 6), chunks=(2, 3), dtype="f4", attributes=OURS.attributes())
+    zarr.open_array(url, mode="r+")[:] = 1
+    options = {"token": "the user's"}
+    seen: list[object] = []
+    url_to_fs, read_json = owned.url_to_fs, owned.read_json
+    monkeypatch.setattr(owned, "url_to_fs", lambda u, o: seen.append(o) or url_to_fs(u, {}))
+    monkeypatch.setattr(owned, "read_json", lambda u, n, o: seen.append(o) or read_json(u, n, {}))
+    assert owned.entries(url, options)[1] == []
+    assert owned.remove_ours(url, options) == 5
+    assert seen and all(o is options for o in seen), seen
 
 
 def test_remove_ours_refuses_anything_foreign_as_a_last_line(tmp_path: Path) -> None:
@@ -170,6 +192,7 @@ def test_record_reads_the_layout(
         (_v3(), "zarr.json", True),
         (_v3(), ".zarray", False),  # not in a v3 array
         (Record(2, (5, 7), (2, 3), ".", "", OURS), ".zattrs", True),
+        (Record(2, (5, 7), (2, 3), ".", "", OURS), ".zarray", True),
         (Record(2, (5, 7), (2, 3), ".", "", OURS), "zarr.json", False),
         (_v3(), "c/0/0", True),
         (_v3(), "c/2/2", True),
@@ -205,6 +228,8 @@ def test_record_reads_the_layout(
         (_v3(), "journal/band-1-2-1.json", False),  # before its tile row
         (_v3(), "journal/band-2-2-5.json", False),  # past the last row
         (_v3(), "journal/band-3-0-4.json", False),
+        (_v3(out=OutRecord(tile_shape=(1, 3))), "journal/tile-4-2.json", True),  # 5 tile rows
+        (_v3(out=OutRecord(tile_shape=(3, 1))), "journal/tile-1-6.json", True),  # 7 tile columns
         (_v3(out=None), "journal/tile-0-0.json", False),
         (_v3(out=OutRecord()), "journal/tile-0-0.json", False),  # no tiling: no journal
         (_v3(), ".tilegemm-accumulate/state.json", True),
@@ -232,6 +257,8 @@ def test_owns(rec: Record, path: str, ours: bool) -> None:
         (_v3(), "c", True),
         (_v3(), "c/2", True),
         (_v3(), "c/3", False),  # one past the grid's rows
+        (Record(3, (5, 10), (2, 3), "/", "c/", None), "c/3", False),  # a 3x4 grid: rows count
+        (Record(3, (10, 5), (3, 2), "/", "c/", None), "c/3", True),  # a 4x3 grid
         (_v3(), "c/02", False),
         (_v3(), "c/0/0", False),
         (_v3(), "d", False),
