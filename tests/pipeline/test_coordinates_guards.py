@@ -6,6 +6,7 @@ coordinates)."""
 from __future__ import annotations
 
 import logging
+import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -328,3 +329,44 @@ def test_why_a_coordinate_is_not_compared_is_logged(
     where_b, where_c = tmp_path / "b.zarr" / "t", tmp_path / "c" / "c.zarr" / "t"
     assert f"coordinate {where_b} of B not compared: dtype <U65" in caplog.messages
     assert any(m.startswith(f"no coordinate {where_c} for B: ") for m in caplog.messages)
+
+
+def test_encodings_that_cannot_be_told_apart_say_both_ways_out(tmp_path: Path) -> None:
+    days = {"t": {"units": "days since 2000-01-01"}}
+    message = (
+        "A's dimension 't' and B's dimension 't', which the product sums over, have "
+        "coordinates stored in different encodings (units 'days since 2000-01-01' against no "
+        "units); write both with the same encoding, or pass --ignore-coordinates to multiply "
+        "them by position"
+    )
+    with pytest.raises(InputError, match="^" + re.escape(message) + "$"):
+        check(tmp_path, (False, False), np.arange(N), np.arange(N), attrs_a=days)
+
+
+def test_a_coordinate_that_cannot_be_read_says_both_ways_out(tmp_path: Path) -> None:
+    check(tmp_path, (False, False), SAME, SAME)
+    chunk = tmp_path / "b.zarr" / "t" / "c" / "0"
+    chunk.write_bytes(b"not a chunk")
+    with pytest.raises(InputError) as refused:
+        check_contracted(
+            [inputs.open_input(f"{tmp_path}/{side}.zarr/V") for side in "ab"],
+            (f"{tmp_path}/a.zarr/V", f"{tmp_path}/b.zarr/V"),
+            (False, False),
+        )
+    text = str(refused.value)
+    assert text.startswith(f"B's dimension 't''s coordinate array ({tmp_path}/b.zarr/t) cannot")
+    assert text.endswith(
+        "; repair it, or pass --ignore-coordinates to multiply the operands by position"
+    )
+
+
+def test_a_nanosecond_origin_is_kept_to_the_nanosecond(tmp_path: Path) -> None:
+    """2000-01-01 plus 7 ns is no float64: the origin stays an exact int64."""
+    odd = {"t": {"units": "nanoseconds since 2000-01-01T00:00:00.000000007"}}
+    epoch = {"t": {"units": "nanoseconds since 1970-01-01"}}
+    origin = 946684800 * 10**9 + 7
+    times = np.arange(N) * 1000
+    check(tmp_path, (False, False), times, origin + times, attrs_a=odd, attrs_b=epoch)
+    with pytest.raises(InputError, match="differ at 4 of 4 positions"):
+        check(tmp_path / "b", (False, False), times, origin + 1 + times,
+              attrs_a=odd, attrs_b=epoch)  # fmt: skip
