@@ -213,6 +213,38 @@ def test_a_tile_saved_written_and_put_back(tmp_path: Path) -> None:
     assert not [k for k in after if k.startswith(f"{SIDECAR}/saved")]
 
 
+def test_on_an_object_store_a_move_is_a_copy_and_a_delete(tmp_path: Path) -> None:
+    """fsspec's memory file system stands for an object store: no rename, no folders. The same
+    steps (save, write, put back, clean) end with C's objects as they were."""
+    import uuid
+
+    import fsspec
+
+    url = f"memory://acc-{uuid.uuid4().hex}/c.zarr"
+    c = zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8", fill_value=-1.0)
+    c[:2, :] = np.arange(8.0).reshape(2, 4)
+    fs, root = fsspec.filesystem("memory"), url[len("memory:/") :]
+    before = {p: fs.cat_file(p) for p in fs.find(root)}
+    out = Output(url, {})
+    keys = originals.object_keys(c, (0, 4), (0, 4))
+    fs.copy(f"{root}/c/0/1", f"{root}/{SIDECAR}/original/c/0/1")  # a copy whose delete was lost
+    originals.save_tile(out, (0, 0), keys)
+    assert sorted(p[len(root) + 1 :] for p in fs.find(root)) == [
+        f"{SIDECAR}/original/c/0/0", f"{SIDECAR}/original/c/0/1",
+        f"{SIDECAR}/saved/tile-0-0.json", "zarr.json",
+    ]  # fmt: skip
+    assert originals.is_saved(out, (0, 0))
+    assert originals.Files(out).files("nowhere") == []
+    c[:] = 5.0
+    assert originals.restore(out) == 2
+    originals.clean(out)
+    assert {p: fs.cat_file(p) for p in fs.find(root)} == before
+    state._write_state(out, {"fingerprint": "f", "phase": "running"})
+    assert state.read_state(out) == {"fingerprint": "f", "phase": "running", "complete": False}
+    originals.clean(out)
+    assert state.read_state(out) is None
+
+
 def test_moves_are_on_disk_before_the_marker_and_before_the_state_goes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
