@@ -89,11 +89,13 @@ def test_the_metadata_documents_go_last(
     assert order == chunks + (["zarr.json"] if zarr_format == 3 else [".zarray", ".zattrs"])
 
 
+@pytest.mark.parametrize("zarr_format", [2, 3])
 def test_an_object_store_is_reached_with_its_options(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, zarr_format: int
 ) -> None:
-    url = f"memory://owned-options-{tmp_path.name}/c.zarr"
-    zarr.create_array(url, shape=(4, 6), chunks=(2, 3), dtype="f4", attributes=OURS.attributes())
+    url = f"memory://owned-options-{zarr_format}-{tmp_path.name}/c.zarr"
+    zarr.create_array(url, shape=(4, 6), chunks=(2, 3), dtype="f4", zarr_format=zarr_format,
+                      attributes=OURS.attributes())  # fmt: skip
     zarr.open_array(url, mode="r+")[:] = 1
     options = {"token": "the user's"}
     seen: list[object] = []
@@ -101,8 +103,9 @@ def test_an_object_store_is_reached_with_its_options(
     monkeypatch.setattr(owned, "url_to_fs", lambda u, o: seen.append(o) or url_to_fs(u, {}))
     monkeypatch.setattr(owned, "read_json", lambda u, n, o: seen.append(o) or read_json(u, n, {}))
     assert owned.entries(url, options)[1] == []
-    assert owned.remove_ours(url, options) == 5
-    assert seen and all(o is options for o in seen), seen
+    assert owned.remove_ours(url, options) == (5 if zarr_format == 3 else 6)
+    calls = 2 if zarr_format == 3 else 3  # the listing, then zarr.json or .zarray and .zattrs
+    assert len(seen) == 2 * calls + 1 and all(o is options for o in seen), seen
 
 
 def test_remove_ours_refuses_anything_foreign_as_a_last_line(tmp_path: Path) -> None:
@@ -119,10 +122,12 @@ def test_an_object_store_out_is_listed_and_cleared(tmp_path: Path) -> None:
     zarr.open_array(url, mode="r+")[:] = 1
     fs = fsspec.filesystem("memory")
     fs.pipe_file(f"/owned-{tmp_path.name}/OUTX/lock.json", b"{}")
+    fs.pipe_file(f"/owned-{tmp_path.name}/OUTX/c/0/0.{HEX}.partial", b"")
     found = owned.listing(url, {})
-    assert found.files["lock.json"] == 2 and found.folders == set() and found.other == []
-    assert sorted(found.files) == ["c/0/0", "c/0/1", "c/1/0", "c/1/1", "lock.json", "zarr.json"]
-    assert owned.remove_ours(url, {}, keep=("lock.json",)) == 5
+    assert found.files["lock.json"] == 2 and found.files[f"c/0/0.{HEX}.partial"] == 0
+    assert found.folders == set() and found.other == []
+    assert len(found.files) == 7 and "zarr.json" in found.files
+    assert owned.remove_ours(url, {}, keep=("lock.json",)) == 6
     assert sorted(owned.listing(url, {}).files) == ["lock.json"]
     assert owned.remove_ours(url, {}, keep=("lock.json",)) == 0
     assert owned.remove_partials(url) == 0  # object stores: none
