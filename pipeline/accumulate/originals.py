@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.accumulate import crash
 from pipeline.errors import UnsafeOutputError
 from pipeline.store.door import Door
-from pipeline.store.fs import local_path, read_small, url_to_fs, write_bytes
+from pipeline.store.fs import local_path, read_json, read_small, url_to_fs, write_bytes
 from pipeline.store.handles import open_output
 from pipeline.store.output import Output
 from pipeline.store.owned import SIDECAR, record
@@ -34,7 +34,6 @@ class Files:
     """C's folder, by names relative to it: a local folder's door, or an object store."""
 
     def __init__(self, out: Output) -> None:
-        self.out = out
         local = local_path(out.url)
         self.door = None if local is None else Door(local, "C")
         if self.door is None:
@@ -90,7 +89,7 @@ class Files:
         if self.door is None:
             return
         for folder in sorted({name.rpartition("/")[0] for name in names}):
-            if self.door.exists(folder) or not folder:
+            if not folder or self.door.exists(folder):
                 self.door.sync_folder(folder)
 
     def remove_folder(self, folder: str) -> None:
@@ -151,7 +150,11 @@ def restore(out: Output) -> int:
     chunk_key = _chunk_keys(out)
     for marker in files.files(f"{SIDECAR}/{SAVED}"):
         data = read_small(out.url, marker, out.storage_options) or b"{}"
-        for key in _absent_keys(data, out.url, marker, chunk_key):
+        absent = _absent_keys(data, out.url, marker, chunk_key)
+        if absent is None:  # an older version's marker: all originals are still aside here
+            keys = _tile_keys(out, json.loads(data).get("index"))
+            absent = [k for k in keys if not files.exists(f"{SIDECAR}/{ORIGINAL}/{k}")]
+        for key in absent:
             files.remove(key)
         files.remove(marker)
         crash.point("rollback.tile")
@@ -170,21 +173,43 @@ def restore(out: Output) -> int:
     return restored
 
 
-def _absent_keys(data: bytes, url: str, marker: str, chunk_key: Callable[[str], bool]) -> list[str]:
+def _absent_keys(
+    data: bytes, url: str, marker: str, chunk_key: Callable[[str], bool]
+) -> list[str] | None:
+    """The objects a marker says C did not hold (None: an older version's marker, which
+    does not say)."""
     try:
-        absent = json.loads(data).get("absent", [])
-    except (ValueError, AttributeError):
-        absent = None
+        found = json.loads(data)
+    except ValueError:
+        found = None
+    if not isinstance(found, dict) or "index" not in found:
+        raise _not_ours(url, marker)
+    if "absent" not in found:
+        return None
+    absent = found["absent"]
     if not isinstance(absent, list) or not all(isinstance(k, str) and chunk_key(k) for k in absent):
         raise _not_ours(url, marker)
     return absent
 
 
+def _tile_keys(out: Output, index: Any) -> list[str]:
+    """The keys of tile ``index`` by the state's tile shape and C's grid."""
+    state = read_json(sidecar_url(out), STATE, out.storage_options)
+    shape = state.get("tile_shape") if isinstance(state, dict) else None
+    if not (isinstance(index, list) and isinstance(shape, list) and len(index) == len(shape) == 2):
+        raise _not_ours(out.url, f"{SIDECAR}/{STATE}")
+    array = open_output(out.url, out.storage_options)
+    rows, cols = (
+        (int(i) * int(t), min((int(i) + 1) * int(t), n))
+        for i, t, n in zip(index, shape, array.shape, strict=True)
+    )
+    return object_keys(array, rows, cols)
+
+
 def _chunk_keys(out: Output) -> Callable[[str], bool]:
     """Whether a name is one of C's stored objects (its chunk grid, in its key encoding): a
     rollback moves or removes nothing else, whatever a planted file names."""
-    meta = open_output(out.url, out.storage_options).metadata.to_dict()
-    found = record(json.loads(json.dumps(meta, default=str)))
+    found = record(open_output(out.url, out.storage_options).metadata.to_dict())
     if found is None:
         raise UnsafeOutputError(f"C ({out.url}) is not a 2-D array: it cannot be rolled back")
     return found.chunk_key

@@ -286,8 +286,100 @@ def test_a_move_killed_between_link_and_unlink(tmp_path: Path) -> None:
     originals.save_tile(out, (0, 0), ["c/0/0"])
     assert not (root / "c/0/0").exists() and (side / "c/0/0").exists()
     (side / "c/0/1").write_bytes(b"not C's")
-    with pytest.raises(UnsafeOutputError, match="c/0/1 and its saved original differ"):
+    words = "c/0/1 and its saved original differ; the accumulation cannot tell which is C's"
+    with pytest.raises(UnsafeOutputError, match=f"{words}: restore C from a copy$"):
         originals.save_tile(out, (0, 0), ["c/0/1"])
+
+
+def test_an_older_versions_marker_is_rolled_back_by_the_tile_shape(tmp_path: Path) -> None:
+    """A marker of the version before (its index only): the objects C did not hold are the
+    tile's keys with no original aside, by the state's tile shape and C's grid."""
+    out, c = make_c(tmp_path)
+    before = files(out)
+    originals.save_tile(out, (0, 1), originals.object_keys(c, (0, 4), (2, 4)))
+    side = Path(out.url) / SIDECAR
+    (side / "saved/tile-0-1.json").write_text('{"index": [0, 1]}')
+    (side / "state.json").write_text('{"fingerprint": "f", "tile_shape": [4, 2]}')
+    c[:, 2:] = 9.0
+    originals.restore(out)
+    assert {k: v for k, v in files(out).items() if not k.startswith(SIDECAR)} == before
+    (side / "saved").mkdir(exist_ok=True)
+    (side / "saved/tile-0-1.json").write_text('{"index": [0, 1]}')
+    (side / "state.json").write_text('{"fingerprint": "f"}')
+    with pytest.raises(UnsafeOutputError, match="state.json is not a record of ours"):
+        originals.restore(out)
+
+
+def test_the_steps_cross_their_crash_points_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out, c = make_c(tmp_path)
+    steps: list[str] = []
+    monkeypatch.setattr(crash, "point", steps.append)
+    originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
+    assert steps == ["move.object"] * 4 + ["move.marker"]
+    steps.clear()
+    assert originals.restore(out) == 2
+    assert steps == ["rollback.tile", "rollback.object", "rollback.object"]
+    steps.clear()
+    (Path(out.url) / SIDECAR / "state.json").write_text("{}")
+    (Path(out.url) / SIDECAR / "inputs.json").write_text("{}")
+    originals.clean(out)
+    assert steps == ["clean.file", "clean.state"]
+    assert set(steps) | {"move.object", "rollback.tile"} <= set(crash.STEPS)
+
+
+def test_the_users_storage_options_reach_every_read_and_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object store's credentials travel with every call (None would read anonymously)."""
+    import uuid
+
+    url = f"memory://opts-{uuid.uuid4().hex}/c.zarr"
+    c = zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
+    c[:] = 1.0
+    options = {"token": "secret"}
+    seen: list[Any] = []
+    for name in ("read_small", "write_bytes", "url_to_fs", "open_output", "read_json"):
+        real = getattr(originals, name)
+
+        def spy(*args: Any, _real: Any = real, **kw: Any) -> Any:
+            seen.append(args[-1])
+            return _real(*args[:-1], {}, **kw)
+
+        monkeypatch.setattr(originals, name, spy)
+    out = Output(url, options)
+    originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
+    assert originals.is_saved(out, (0, 0))
+    c[:] = 2.0
+    originals.restore(out)
+    assert seen and all(s is options for s in seen)
+
+
+def test_a_link_in_c_is_refused_in_cs_name(tmp_path: Path) -> None:
+    out, _ = make_c(tmp_path)
+    (tmp_path / "elsewhere").write_bytes(b"not C's")
+    (Path(out.url) / "c/0/0").unlink()
+    (Path(out.url) / "c/0/0").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeOutputError, match=r"^C \(.*c/0/0 is a symbolic link"):
+        originals.save_tile(out, (0, 0), ["c/0/0"])
+    assert (tmp_path / "elsewhere").read_bytes() == b"not C's"
+
+
+def test_a_v2_c_and_a_url_ending_in_a_slash(tmp_path: Path) -> None:
+    """Zarr v2's metadata (.zarray, listed first) is skipped on the way home, not the end of
+    it; a C named with a trailing slash keeps its folder's names."""
+    out, c = make_c(tmp_path, zarr_format=2)
+    before = files(out)
+    slashed = Output(out.url + "/", {})
+    keys = originals.object_keys(c, (0, 4), (0, 4))
+    originals.save_tile(slashed, (0, 0), keys)
+    side = Path(out.url) / SIDECAR
+    assert (side / "saved/tile-0-0.json").exists() and originals.is_saved(slashed, (0, 0))
+    (side / "original/.zarray").write_bytes(before[".zarray"])
+    c[:] = 3.0
+    assert originals.restore(slashed) == 2
+    assert {k: v for k, v in files(out).items() if not k.startswith(SIDECAR)} == before
 
 
 def test_a_half_moved_tile_goes_home_without_a_marker(tmp_path: Path) -> None:
@@ -302,13 +394,16 @@ def test_a_half_moved_tile_goes_home_without_a_marker(tmp_path: Path) -> None:
 def test_a_marker_that_is_not_ours_stops_the_rollback(tmp_path: Path) -> None:
     out, _ = make_c(tmp_path)
     planted = (
-        b"[1]", b'{"absent": "c/0/0"}', b'{"absent": [1]}', b"not json",
-        b'{"absent": ["zarr.json"]}', b'{"absent": ["c/0/2"]}', b'{"absent": ["c/0/0/x"]}',
+        b"[1]", b'{"absent": []}', b"not json", b'{"index": [0, 0], "absent": "c/0/0"}',
+        b'{"index": [0, 0], "absent": [1]}', b'{"index": [0, 0], "absent": ["zarr.json"]}',
+        b'{"index": [0, 0], "absent": ["c/0/2"]}', b'{"index": [0, 0], "absent": ["c/0/0/x"]}',
     )  # fmt: skip
     for bad in planted:
         (Path(out.url) / SIDECAR / "saved").mkdir(parents=True, exist_ok=True)
         (Path(out.url) / SIDECAR / "saved/tile-0-0.json").write_bytes(bad)
-        with pytest.raises(UnsafeOutputError, match="not a record of ours .* C cannot be rolled"):
+        with pytest.raises(UnsafeOutputError, match=rf"^C \({out.url}\): the accumulation's "
+                           r".*saved/tile-0-0\.json is not a record of ours .* C cannot be "
+                           "rolled back safely: restore C from a copy$"):  # fmt: skip
             originals.restore(out)
         assert (Path(out.url) / "c/0/0").exists() and (Path(out.url) / "zarr.json").exists()
 
