@@ -31,7 +31,9 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--minutes", type=float, default=30.0, help="how long to draw new cases")
     p.add_argument("--seed", type=int, default=1, help="the schedule's seed")
-    p.add_argument("--cases", nargs="*", help="run exactly these SCENARIO:STEP:N:SIGNAL[:WORKERS]")
+    p.add_argument(
+        "--cases", nargs="*", help="run exactly these SCENARIO:STEP:N:SIGNAL[:WORKERS[:LAYOUT]]"
+    )
     p.add_argument("--work", type=Path, help="cases' folder (default: a new temporary one)")
     p.add_argument("--out", type=Path, help="summary file (default: WORK/summary.md)")
     return p.parse_args(argv)

@@ -72,10 +72,21 @@ class Case:
     signal: str
     workers: int = 1
     """1: one worker in the command's process; 2: two worker processes (of one thread)."""
+    layout: str = "v3"
+    """C's: ``v3`` (chunks), ``v2`` (``.`` keys in one folder) or ``sharded`` (2x2 chunks)."""
 
     def __str__(self) -> str:
-        tail = "" if self.workers == 1 else f":{self.workers}"
+        tail = "" if (self.workers, self.layout) == (1, "v3") else f":{self.workers}"
+        tail += "" if self.layout == "v3" else f":{self.layout}"
         return f"{self.scenario}:{self.step}:{self.nth}:{self.signal}{tail}"
+
+
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "v3": {"chunks": (CHUNK, CHUNK)},
+    "v2": {"chunks": (CHUNK, CHUNK), "zarr_format": 2,
+           "chunk_key_encoding": {"name": "v2", "separator": "."}},
+    "sharded": {"chunks": (CHUNK // 2, CHUNK // 2), "shards": (CHUNK, CHUNK)},
+}  # fmt: skip
 
 
 @dataclass
@@ -105,6 +116,10 @@ def fixed_schedule() -> list[Case]:
         Case("refused", "rollback.object", 20, "TERM"),
         Case("add", "move.object", 11, "KILL", workers=2),  # the group takes the workers
         Case("add", "write.band", 4, "TERM", workers=2),  # the command only: workers orphaned
+        Case("add", "move.object", 7, "KILL", layout="v2"),
+        Case("refused", "rollback.object", 5, "KILL", layout="v2"),
+        Case("add", "write.tile", 3, "KILL", layout="sharded"),
+        Case("refused", "rollback.tile", 1, "KILL", layout="sharded"),
     ]
     return cases
 
@@ -113,10 +128,11 @@ def random_case(rng: random.Random) -> Case:
     scenario = rng.choice(sorted(STEPS))
     step = rng.choice(sorted(STEPS[scenario]))
     nth = rng.randint(1, max(STEPS[scenario][step], 1) + 1)  # one past: the run ends first
-    return Case(scenario, step, nth, rng.choice(SIGNALS), rng.choice((1, 1, 2)))
+    layout = rng.choice(("v3", "v3", "v2", "sharded"))
+    return Case(scenario, step, nth, rng.choice(SIGNALS), rng.choice((1, 1, 2)), layout)
 
 
-def make_data(folder: Path, scenario: str) -> tuple[str, str, str]:
+def make_data(folder: Path, scenario: str, layout: str = "v3") -> tuple[str, str, str]:
     """A, B and someone's C (fresh for each case)."""
     rng = np.random.default_rng(7)
     folder.mkdir(parents=True)
@@ -133,7 +149,7 @@ def make_data(folder: Path, scenario: str) -> tuple[str, str, str]:
         a[-1, :], b[:, -1], c[-1, -1] = 3, True, 32767
     zarr.create_array(urls[0], data=a, chunks=(CHUNK, K))
     zarr.create_array(urls[1], data=b, chunks=(K, CHUNK))
-    zarr.create_array(urls[2], data=c, chunks=(CHUNK, CHUNK), attributes={"owner": "someone"})
+    zarr.create_array(urls[2], data=c, attributes={"owner": "someone"}, **LAYOUTS[layout])
     return urls  # type: ignore[return-value]
 
 
@@ -184,7 +200,7 @@ def c_files(url: str) -> dict[str, bytes]:
 
 
 def run_case(case: Case, folder: Path, client: Any) -> Outcome:
-    urls = make_data(folder, case.scenario)
+    urls = make_data(folder, case.scenario, case.layout)
     a, b, old = (read_c(u) for u in urls)
     alpha, beta = factors(case.scenario)
     product = a.astype(np.float64) @ b.astype(np.float64)
