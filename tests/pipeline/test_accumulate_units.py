@@ -625,3 +625,124 @@ def test_flags_beta_defaults() -> None:
     assert check_flags(accumulate=True, beta=None, **base) == 1.0
     assert check_flags(accumulate=True, beta=-0.5, **base) == -0.5
     assert check_flags(accumulate=False, beta=None, **base) == 0.0
+
+
+def test_the_state_steps_cross_their_crash_points_and_commit_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Stopped right after each commit point, the state on disk says what was reached."""
+    steps: list[str] = []
+
+    def stop_at(wanted: str) -> Any:
+        def point(step: str) -> None:
+            steps.append(step)
+            if step == wanted:
+                raise KeyboardInterrupt(step)
+
+        return point
+
+    monkeypatch.setattr(crash, "point", stop_at("begin.state"))
+    with pytest.raises(KeyboardInterrupt):
+        _, out, _ = begin(tmp_path)
+    out = Output(str(tmp_path / "c.zarr"), {})
+    assert steps == ["begin.listings", "begin.state"]
+    assert state.read_state(out)["phase"] == "running"  # type: ignore[index]
+    monkeypatch.setattr(crash, "point", stop_at("finish.complete"))
+    with pytest.raises(KeyboardInterrupt):
+        state.finish(out)
+    assert state.read_state(out)["phase"] == "complete"  # type: ignore[index]
+    assert state.read_state(out)["complete"] is True  # type: ignore[index]
+    monkeypatch.setattr(crash, "point", stop_at("rollback.state"))
+    (Path(out.url) / SIDECAR / "state.json").write_text('{"fingerprint": "f"}')
+    with pytest.raises(KeyboardInterrupt):
+        state.roll_back(out)
+    assert state.read_state(out) == {"fingerprint": "f", "phase": "rolling-back", "complete": False}
+
+
+def test_the_state_is_written_synced_through_cs_door(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from pipeline.store.door import Door
+
+    out, _ = make_c(tmp_path)
+    calls: list[tuple[str, str, Any]] = []
+    real = Door.write
+
+    def write(self: Door, name: str, data: Any, **kw: Any) -> None:
+        calls.append((self.what, name, kw.get("durable")))
+        real(self, name, data, **kw)
+
+    monkeypatch.setattr(Door, "write", write)
+    state._write_state(out, {"phase": "running"})
+    assert calls == [("C", f"{SIDECAR}/state.json", True)]
+    monkeypatch.undo()
+    (Path(out.url) / SIDECAR / "state.json").unlink()
+    (Path(out.url) / SIDECAR / "state.json").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UnsafeOutputError, match=r"^C \("):
+        state._write_state(out, {"phase": "running"})
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_the_state_passes_the_users_storage_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    url = f"memory://state-{uuid.uuid4().hex}/c.zarr"
+    zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
+    options = {"token": "secret"}
+    seen: list[Any] = []
+    for name in ("read_json", "write_bytes", "open_output"):
+        real = getattr(state, name)
+
+        def spy(*args: Any, _real: Any = real, **kw: Any) -> Any:
+            seen.append(args[-1])
+            return _real(*args[:-1], {}, **kw)
+
+        monkeypatch.setattr(state, name, spy)
+    out = Output(url, options)
+    state._write_state(out, {"fingerprint": "f", "phase": "running"})
+    assert state.read_state(out) is not None and state.snapshot(out)["accumulation"]
+    assert state.sidecar(out).storage_options is options
+    assert len(seen) >= 3 and all(s is options for s in seen)
+
+
+def test_snapshot_tells_a_changed_c(tmp_path: Path) -> None:
+    out, c = make_c(tmp_path)
+    first = state.snapshot(out)
+    assert first == state.snapshot(out) and first["accumulation"] is None
+    assert '"shape": [4, 4]' in first["metadata"]
+    c.attrs["note"] = "changed"
+    assert state.snapshot(out) != first
+
+
+def test_the_words_of_the_refusals_and_the_log(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    job, out, _ = begin(tmp_path)
+    now = listings(job.store)
+    with pytest.raises(UsageError) as refused:
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=False)
+    assert str(refused.value) == (
+        f"C ({out.url}) holds an unfinished accumulation (some tiles are updated, others not); "
+        "finish it with the same command and --resume (each product is added exactly once); "
+        "C reads right only after that"
+    )
+    st = state.read_state(out)
+    (Path(out.url) / SIDECAR / "state.json").write_text(json.dumps({**st, "phase": "complete"}))
+    with caplog.at_level("INFO", logger="pipeline"), pytest.raises(UsageError) as nothing:
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=True)
+    assert str(nothing.value) == (
+        f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished or was "
+        "rolled back, or none started); rerun without --resume to add the product"
+    )
+    assert f"removing the folder of a finished accumulation into C ({out.url})" in caplog.text
+    begin(tmp_path)
+    (Path(out.url) / SIDECAR / "state.json").write_text('{"phase": "rolling-back"}')
+    with caplog.at_level("INFO", logger="pipeline"):
+        state.settle(out)
+    assert f"finishing the rollback of a failed accumulation into C ({out.url})" in caplog.text
+    (Path(out.url) / SIDECAR / "saved").mkdir(parents=True)
+    (Path(out.url) / SIDECAR / "saved/tile-0-0.json").write_text("{}")
+    with pytest.raises(UnsafeOutputError, match=rf"\(rm -r {out.url}/{SIDECAR}\); otherwise"):
+        state.settle(Output(out.url + "/", {}))
