@@ -14,6 +14,7 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import google_crc32c
 import numcodecs
 import numpy as np
 import pytest
@@ -289,7 +290,7 @@ def test_a_wrapped_v2_compressor_is_the_inner_one_but_for_its_decodes() -> None:
     class Inner:
         _secret = "the inner codec's own"
 
-    with pytest.raises(AttributeError):
+    with pytest.raises(AttributeError, match="^_secret$"):
         bounded_module.V2["zstd"](Inner(), 1, True, "")._secret  # noqa: B018 - never the inner's
     copied = copy.copy(codec)  # made without __init__: no lookup may reach a missing _inner
     assert copied.level == 3 and copied.get_config() == inner.get_config()
@@ -371,3 +372,20 @@ def test_a_bounded_v3_compressor_is_named_for_what_it_wraps(tmp_path: Path) -> N
     assert type(compressor).__name__ == "BoundedZstdCodec"
     assert isinstance(compressor, ZstdCodec) and compressor.level == 3
     assert type(bounded(array).metadata.codecs[-1]) is type(compressor)  # one class per codec
+
+
+@numcodecs_v3
+def test_a_bomb_inside_a_shard_is_refused_within_its_chunk(tmp_path: Path) -> None:
+    from zarr.codecs.numcodecs import BZ2
+
+    url = str(tmp_path / "a.zarr")
+    zarr.create_array(url, shape=(1000, 1000), chunks=(1000, 1000), shards=(1000, 1000),
+                      dtype="f4", compressors=[BZ2(level=1)], fill_value=0.0)  # fmt: skip
+    index = np.array([0, len(bomb("bz2"))], "<u8").tobytes()
+    index += google_crc32c.value(index).to_bytes(4, "little")
+    (Path(url) / "c" / "0").mkdir(parents=True)
+    (Path(url) / "c" / "0" / "0").write_bytes(bomb("bz2") + index)
+    refused, peak = _read(url)
+    assert isinstance(refused, ChunkSizeError), refused
+    assert "bz2 chunk declares no size and decodes past the 4,000,000 bytes" in str(refused)
+    assert peak < 48 * MiB, f"peak {peak / MiB:.0f} MiB"
