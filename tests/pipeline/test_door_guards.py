@@ -665,3 +665,15 @@ def test_remove_if_same_never_takes_a_link_to_that_file(root: Path) -> None:
     finally:
         os.close(fd)
     assert (root / "alias").is_symlink() and (root / "lock.json").exists()
+
+
+def test_remove_if_same_in_a_folder(root: Path) -> None:
+    (root / "c").mkdir()
+    (root / "c" / "lock.json").write_bytes(b"mine")
+    (root / "lock.json").write_bytes(b"another at the top")
+    fd = os.open(root / "c" / "lock.json", os.O_RDONLY)
+    try:
+        assert Door(str(root)).remove_if_same("c/lock.json", fd) is True
+    finally:
+        os.close(fd)
+    assert os.listdir(root / "c") == [] and (root / "lock.json").exists()
