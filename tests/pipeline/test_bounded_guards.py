@@ -11,6 +11,7 @@ import functools
 import json
 import lzma
 import tracemalloc
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -388,4 +389,27 @@ def test_a_bomb_inside_a_shard_is_refused_within_its_chunk(tmp_path: Path) -> No
     refused, peak = _read(url)
     assert isinstance(refused, ChunkSizeError), refused
     assert "bz2 chunk declares no size and decodes past the 4,000,000 bytes" in str(refused)
+    assert peak < 48 * MiB, f"peak {peak / MiB:.0f} MiB"
+
+
+@pytest.mark.filterwarnings("ignore:Combining a `sharding_indexed` codec disables partial reads")
+def test_a_compressor_around_whole_shards_is_capped_not_exact(tmp_path: Path) -> None:
+    from zarr.codecs import BytesCodec, ShardingCodec
+
+    url = str(tmp_path / "a.zarr")
+    data = np.arange(1000 * 1000, dtype="f4").reshape(1000, 1000)
+    shard = ShardingCodec(chunk_shape=(500, 500), codecs=[BytesCodec(), ZstdCodec()])
+    array = zarr.create_array(url, shape=(1000, 1000), chunks=(1000, 1000), dtype="f4",
+                              serializer=shard, compressors=[GzipCodec()])  # fmt: skip
+    array[:] = data
+    assert _read(url)[0] is None  # an honest shard is smaller than the most it may take
+    assert np.array_equal(bounded(array)[:], data)
+    zeros = zlib.compressobj(1, zlib.DEFLATED, 31)
+    gzip_bomb = b"".join(zeros.compress(bytes(MiB)) for _ in range(64)) + zeros.flush()
+    (Path(url) / "c" / "0" / "0").write_bytes(gzip_bomb)
+    refused, peak = _read(url)
+    assert isinstance(refused, ChunkSizeError), refused
+    most = 4 * compressed_bytes(500 * 500 * 4) + 4 * 16 + CHECKSUM_BYTES  # a shard, its index
+    assert f"gzip chunk decodes past the {most:,} bytes 1000x1000 float32 elements through " \
+        "sharding can need" in str(refused), str(refused)  # fmt: skip
     assert peak < 48 * MiB, f"peak {peak / MiB:.0f} MiB"
