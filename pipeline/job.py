@@ -54,7 +54,7 @@ from pipeline.run.client import (
     usage_since,
     worker_usage,
 )
-from pipeline.run.rollback import roll_back_after_failure
+from pipeline.run.rollback import roll_back_after_failure, rolled_back
 from pipeline.run.spec import TaskSpec
 from pipeline.sensitive.text import redact_url
 from pipeline.sensitive.values import warn_if_exposed
@@ -191,7 +191,9 @@ class MatmulJob:
         if (room := self.room()) is not None:  # before anything is created
             out = self.plan.out
             check_room(room, self._out_name, self.store.out_url, out.shape, out.dtype)
-        elif opts.accumulate:  # before the first of C's objects is moved
+        elif opts.accumulate and not (opts.resume or (self.state or {}).get("accumulation")):
+            # before the first of C's objects is moved; a resume or a rollback to finish
+            # needs no more room than C has taken already
             check_room_for_c(room_for_c(self.output), self.store.out_url)
         report = report_context(opts.report, opts.storage_options)
         current = (lambda: accumulate.snapshot(self.output)) if opts.accumulate else None
@@ -229,9 +231,10 @@ class MatmulJob:
             try:
                 futures = submit_plan(c, plan, spec, skip, resumed, std)
                 run = collect(c, futures, plan, opts.progress, spec.run_id)
-            except Exception:  # an interrupted accumulation is kept for --resume instead
-                if opts.accumulate:
-                    roll_back_after_failure(c, [f.key for f in futures.values()], self.output)
+            except Exception as e:  # an interrupted accumulation is kept for --resume instead
+                keys = [f.key for f in futures.values()]
+                if opts.accumulate and roll_back_after_failure(c, keys, self.output):
+                    raise rolled_back(e) from e
                 raise
             finally:
                 release_panels(c, spec.run_id)

@@ -41,8 +41,9 @@ def point(step: str) -> None:
     wanted = os.environ.get(AT)
     if not wanted:
         return
-    name, nth, sig = wanted.split(":")
-    if name != step:
+    name, _, rest = wanted.partition(":")
+    nth, _, sig = rest.partition(":")
+    if name != step or not nth.isdigit() or not hasattr(signal, f"SIG{sig}"):
         return
     fd = os.open(os.environ[COUNT], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
+
 from pipeline.accumulate import state as accumulate
 from pipeline.errors import InputError, UnsafeOutputError, UsageError
 from pipeline.plan.dtypes import check_accumulation
@@ -63,6 +65,7 @@ def target(
             f"--accumulate: C ({out.url}) is {c.shape[0]}x{c.shape[1]}, but A @ B is "
             f"{shape[0]}x{shape[1]}; give a C of the product's shape"
         )
+    _check_whole_factors(str(c.dtype), alpha, beta)
     check_accumulation(a.dtype, b.dtype, a.shape[1], str(c.dtype), alpha, beta)
     shards = getattr(c, "shards", None)
     layout = OutputSpec(
@@ -73,6 +76,23 @@ def target(
         accumulate=True,
     )
     return accumulate.snapshot(out), layout
+
+
+EXACT_FACTOR = 2**53
+"""The largest whole --alpha/--beta a float holds exactly (they are read as floats)."""
+
+
+def _check_whole_factors(c_dtype: str, alpha: float, beta: float) -> None:
+    """An integer C takes its factors exactly: past 2**53 the one typed is not the one read."""
+    if np.dtype(c_dtype).kind not in "biu":
+        return
+    for name, value in (("--alpha", alpha), ("--beta", beta)):
+        if abs(float(value)) > EXACT_FACTOR:
+            raise UsageError(
+                f"{name} {float(value):.17g} is past 2**53, where a float no longer holds every "
+                f"whole number (what was typed may not be what is read); C is {c_dtype}: "
+                "scale in two steps, or accumulate into a float64 C"
+            )
 
 
 def _check_own_folders(out: Output) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 from pipeline.accumulate import crash
 from pipeline.errors import UnsafeOutputError
 from pipeline.store.door import Door
-from pipeline.store.fs import local_path, read_json, read_small, url_to_fs, write_bytes
+from pipeline.store.fs import local_path, read_small, url_to_fs, write_bytes
 from pipeline.store.handles import open_output
 from pipeline.store.output import Output
 from pipeline.store.owned import SIDECAR, record
@@ -23,6 +23,8 @@ from pipeline.store.owned import SIDECAR, record
 ORIGINAL = "original"
 SAVED = "saved"
 STATE = "state.json"
+FLAG = "rolling-back"
+"""An empty file: a rollback has begun (a later run finishes it before anything else)."""
 METADATA = ("zarr.json", ".zarray")  # an array's metadata document, Zarr v3 or v2
 
 
@@ -146,16 +148,13 @@ def restore(out: Output) -> int:
     hold before (those written by the accumulation where C had its fill value); returns the
     objects put back. Safe to repeat after a crash at any point: a marker goes only once its
     tile's objects are removed, an original only by its move home."""
-    files, restored, homes = Files(out), 0, []
+    files, restored, homes, folders = Files(out), 0, [], set()
     chunk_key = _chunk_keys(out)
     for marker in files.files(f"{SIDECAR}/{SAVED}"):
         data = read_small(out.url, marker, out.storage_options) or b"{}"
-        absent = _absent_keys(data, out.url, marker, chunk_key)
-        if absent is None:  # an older version's marker: all originals are still aside here
-            keys = _tile_keys(out, json.loads(data).get("index"))
-            absent = [k for k in keys if not files.exists(f"{SIDECAR}/{ORIGINAL}/{k}")]
-        for key in absent:
+        for key in _absent_keys(data, out.url, marker, chunk_key):
             files.remove(key)
+            folders.add(key.rpartition("/")[0])
         files.remove(marker)
         crash.point("rollback.tile")
     prefix = f"{SIDECAR}/{ORIGINAL}/"
@@ -170,40 +169,24 @@ def restore(out: Output) -> int:
         crash.point("rollback.object")
         homes.append(key)
     files.sync(homes)  # before the state goes: C's objects are home on disk
+    for folder in sorted(folders, key=len, reverse=True):  # the chunk folders it made
+        if folder and files.door is not None:
+            files.door.rmdir(folder)
     return restored
 
 
-def _absent_keys(
-    data: bytes, url: str, marker: str, chunk_key: Callable[[str], bool]
-) -> list[str] | None:
-    """The objects a marker says C did not hold (None: an older version's marker, which
-    does not say)."""
+def _absent_keys(data: bytes, url: str, marker: str, chunk_key: Callable[[str], bool]) -> list[str]:
+    """The objects a marker says C did not hold (each one of C's chunk keys)."""
     try:
         found = json.loads(data)
     except ValueError:
         found = None
     if not isinstance(found, dict) or "index" not in found:
         raise _not_ours(url, marker)
-    if "absent" not in found:
-        return None
-    absent = found["absent"]
+    absent = found.get("absent")  # an older version's marker has none: not told, refused
     if not isinstance(absent, list) or not all(isinstance(k, str) and chunk_key(k) for k in absent):
         raise _not_ours(url, marker)
     return absent
-
-
-def _tile_keys(out: Output, index: Any) -> list[str]:
-    """The keys of tile ``index`` by the state's tile shape and C's grid."""
-    state = read_json(sidecar_url(out), STATE, out.storage_options)
-    shape = state.get("tile_shape") if isinstance(state, dict) else None
-    if not (isinstance(index, list) and isinstance(shape, list) and len(index) == len(shape) == 2):
-        raise _not_ours(out.url, f"{SIDECAR}/{STATE}")
-    array = open_output(out.url, out.storage_options)
-    rows, cols = (
-        (int(i) * int(t), min((int(i) + 1) * int(t), n))
-        for i, t, n in zip(index, shape, array.shape, strict=True)
-    )
-    return object_keys(array, rows, cols)
 
 
 def _chunk_keys(out: Output) -> Callable[[str], bool]:
@@ -223,16 +206,17 @@ def _not_ours(url: str, name: str) -> UnsafeOutputError:
 
 
 def clean(out: Output) -> None:
-    """Remove the accumulation's folder, ``state.json`` last: a crash meanwhile leaves the
-    state, which tells the next run to finish the cleaning."""
+    """Remove the accumulation's folder, ``state.json`` and the rollback's flag last: a crash
+    meanwhile leaves them, which tell the next run to finish the cleaning."""
     files = Files(out)
-    state = f"{SIDECAR}/{STATE}"
+    last = (f"{SIDECAR}/{STATE}", f"{SIDECAR}/{FLAG}")
     for name in files.files(SIDECAR):
-        if name != state:
+        if name not in last:
             files.remove(name)
             crash.point("clean.file")
-    files.remove(state)
-    crash.point("clean.state")
+    for name in last:
+        files.remove(name)
+        crash.point("clean.state")
     files.remove_folder(SIDECAR)
 
 

@@ -22,9 +22,10 @@ and renamed, or a removal), and what a crash leaves is told from the disk alone:
    (and verified, with --verify): C holds the new values. Then the folder is removed,
    ``state.json`` last; any later run that finds a complete state finishes the removal.
 
-A failed or refused accumulation rolls back: phase ``rolling-back``, then every saved original
-moved home over C's object (and the objects C did not hold removed), then the folder removed,
-``state.json`` last. Any later run that finds ``rolling-back`` finishes it first.
+A failed or refused accumulation rolls back: an empty file ``rolling-back`` created (no data
+block: it is written on a full disk too), then every saved original moved home over C's object
+(and the objects C did not hold removed), then the folder removed, ``state.json`` and the flag
+last. Any later run that finds the flag finishes the rollback first.
 """
 
 from __future__ import annotations
@@ -34,7 +35,16 @@ import logging
 from typing import Any
 
 from pipeline.accumulate import crash
-from pipeline.accumulate.originals import METADATA, ORIGINAL, SAVED, STATE, Files, clean, restore
+from pipeline.accumulate.originals import (
+    FLAG,
+    METADATA,
+    ORIGINAL,
+    SAVED,
+    STATE,
+    Files,
+    clean,
+    restore,
+)
 from pipeline.errors import UnsafeOutputError, UsageError
 from pipeline.plan.matmul import MatmulPlan
 from pipeline.store import journal
@@ -50,7 +60,7 @@ log = logging.getLogger("pipeline")
 __all__ = ["ORIGINAL", "SAVED", "SIDECAR", "STATE"]
 
 RUNNING, COMPLETE, ROLLING_BACK = "running", "complete", "rolling-back"
-TORN = {"fingerprint": None, "phase": RUNNING}
+TORN = {"fingerprint": None, "phase": RUNNING, "torn": True}
 """A state file that does not parse: never taken as finished, nor resumed."""
 
 
@@ -61,9 +71,15 @@ def sidecar(out: Output) -> Output:
 
 def read_state(out: Output) -> dict[str, Any] | None:
     """The state (None: no accumulation has started), its ``phase`` always set."""
+    if Files(out).exists(f"{SIDECAR}/{FLAG}"):  # a rollback began: it is finished first
+        try:
+            found = read_json(sidecar(out).url, STATE, out.storage_options)
+        except ValueError:
+            found = None
+        return {**(found if isinstance(found, dict) else {}), "phase": ROLLING_BACK}
     try:
         state = read_json(sidecar(out).url, STATE, out.storage_options)
-    except ValueError:
+    except (ValueError, UnsafeOutputError, IsADirectoryError):
         return dict(TORN)
     if state is None:
         return None
@@ -95,11 +111,16 @@ def start(
     that read no input changed since (the others are computed again, from the saved
     originals). What an earlier run left is finished first: a complete one's folder removed,
     a rollback completed. The caller holds C's lock."""
+    found = read_state(out)
     state = settle(out)
     if state is None and resume:
-        raise UsageError(
-            f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished "
-            "or was rolled back, or none started); rerun without --resume to add the product"
+        raise UsageError(_nothing_to_resume(out, found))
+    if state is not None and state.get("torn"):
+        raise UnsafeOutputError(
+            f"C ({out.url}) holds {SIDECAR}/{STATE} that is not an accumulation's state (not "
+            "JSON of ours, a folder, or too large): it cannot be told what C holds; if no "
+            f"accumulation into C is running or was stopped, remove the folder (rm -r "
+            f"{out.url.rstrip('/')}/{SIDECAR}) after checking C, or restore C from a copy"
         )
     if state is not None and not resume:
         raise UsageError(
@@ -117,6 +138,24 @@ def start(
         return done - forget_stale(sidecar(out), plan, now, encodings)
     _begin(out, plan, fp, now)
     return set()
+
+
+def _nothing_to_resume(out: Output, found: dict[str, Any] | None) -> str:
+    if found is not None and found["phase"] == COMPLETE:
+        return (
+            f"--resume: the last accumulation into C ({out.url}) had finished (its folder is "
+            "now removed): C holds its new values, nothing is left to resume; adding the "
+            "product again is a new --accumulate, without --resume"
+        )
+    if found is not None and found["phase"] == ROLLING_BACK:
+        return (
+            f"--resume: the last accumulation into C ({out.url}) failed and is now rolled "
+            "back: C holds its values from before it; rerun without --resume to add the product"
+        )
+    return (
+        f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished "
+        "or was rolled back, or none started); rerun without --resume to add the product"
+    )
 
 
 def settle(out: Output) -> dict[str, Any] | None:
@@ -180,10 +219,13 @@ def finish(out: Output) -> None:
 def roll_back(out: Output) -> int:
     """Put C back as it was before the accumulation (no task of it may be running); returns
     the objects moved home."""
-    state = read_state(out)
-    if state is None:
+    if read_state(out) is None:
         return 0
-    _write_state(out, {**state, "phase": ROLLING_BACK})
+    files = Files(out)
+    if files.door is not None:  # empty: no data block to find on a full disk
+        files.door.write(f"{SIDECAR}/{FLAG}", b"", durable=True)
+    else:
+        write_bytes(sidecar(out).url, FLAG, b"", out.storage_options)
     crash.point("rollback.state")
     restored = restore(out)
     clean(out)

@@ -235,6 +235,10 @@ def _tree_sum(
     return parts[0]
 
 
+KEPT_FOR_RESUME = "tiles already written are kept: rerun with --resume"
+"""A failed job's way on (an accumulation rolled back says otherwise: pipeline/run/rollback.py)."""
+
+
 def collect(
     client: Client,
     futures: dict[tuple[int, int], Future[Any]],
@@ -295,7 +299,7 @@ def _job_error(future: Future[Any], total: int) -> PipelineError:
         return error
     return JobError(
         f"a tile task failed ({type(error).__name__}: {error}); the other tasks of {total} "
-        "were cancelled; tiles already written are kept: rerun with --resume"
+        f"were cancelled; {KEPT_FOR_RESUME}"
     )
 
 

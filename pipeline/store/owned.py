@@ -33,7 +33,7 @@ PARTIAL = re.compile(r"(?P<name>.+)\.[0-9a-f]{32}\.partial")
 """zarr's and our own atomic writes leave ``NAME.<uuid4 hex>.partial`` when killed mid-write."""
 NUMBER = r"(0|[1-9][0-9]*)"
 SIDECAR_NAMES = re.compile(
-    rf"(state\.json|inputs\.json|journal/(tile-{NUMBER}-{NUMBER}|band-{NUMBER}-{NUMBER}-{NUMBER})"
+    rf"(state\.json|rolling-back|inputs\.json|journal/(tile-{NUMBER}-{NUMBER}|band-{NUMBER}-{NUMBER}-{NUMBER})"
     rf"\.json|saved/tile-{NUMBER}-{NUMBER}\.json|original/.+)"
 )
 """An accumulation's files inside C's ``.tilegemm-accumulate/`` (originals keyed as in C)."""

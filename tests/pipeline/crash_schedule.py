@@ -52,11 +52,11 @@ STEPS: dict[str, dict[str, int]] = {
     "add": {
         "begin.listings": 1, "begin.state": 1, "move.object": 36, "move.marker": 9,
         "write.band": 9, "write.tile": 9, "finish.complete": 1, "clean.file": 56,
-        "clean.state": 1,
+        "clean.state": 2,
     },
     "refused": {
         "move.object": 36, "move.marker": 2, "write.tile": 0, "rollback.state": 1,
-        "rollback.tile": 2, "rollback.object": 36, "clean.file": 6, "clean.state": 1,
+        "rollback.tile": 2, "rollback.object": 36, "clean.file": 6, "clean.state": 2,
     },
 }  # fmt: skip
 """Scenarios: ``add`` (float64 C, α·A·B + β·C: 9 tiles) and ``refused`` (an int16 C whose last

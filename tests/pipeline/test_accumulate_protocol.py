@@ -201,7 +201,7 @@ def test_resume_after_a_complete_but_uncleaned_run_is_refused(
 ) -> None:
     urls = setup_c(tmp_path, "float64", 5)
     plant_folder(urls[2], {"state.json": json.dumps({"phase": "complete"}).encode()})
-    with pytest.raises(UsageError, match="no unfinished accumulation"):
+    with pytest.raises(UsageError, match="had finished .* nothing is left to resume"):
         multiply(*urls, client=client, accumulate=True, resume=True)
     assert not (Path(urls[2]) / SIDECAR).exists(), "the finished run's folder is removed"
     assert (zarr.open_array(urls[2])[:] == 5.0).all()

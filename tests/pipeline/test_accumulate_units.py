@@ -291,23 +291,39 @@ def test_a_move_killed_between_link_and_unlink(tmp_path: Path) -> None:
         originals.save_tile(out, (0, 0), ["c/0/1"])
 
 
-def test_an_older_versions_marker_is_rolled_back_by_the_tile_shape(tmp_path: Path) -> None:
-    """A marker of the version before (its index only): the objects C did not hold are the
-    tile's keys with no original aside, by the state's tile shape and C's grid."""
+def test_an_older_versions_marker_is_refused_not_guessed(tmp_path: Path) -> None:
+    """A marker that does not name the objects C did not hold (the version before wrote its
+    index only, and a planted one may): guessing them from what is aside would remove C's
+    own objects, so the rollback stops with the words to restore C from a copy."""
     out, c = make_c(tmp_path)
-    before = files(out)
     originals.save_tile(out, (0, 1), originals.object_keys(c, (0, 4), (2, 4)))
-    side = Path(out.url) / SIDECAR
-    (side / "saved/tile-0-1.json").write_text('{"index": [0, 1]}')
-    (side / "state.json").write_text('{"fingerprint": "f", "tile_shape": [4, 2]}')
-    c[:, 2:] = 9.0
-    originals.restore(out)
-    assert {k: v for k, v in files(out).items() if not k.startswith(SIDECAR)} == before
-    (side / "saved").mkdir(exist_ok=True)
-    (side / "saved/tile-0-1.json").write_text('{"index": [0, 1]}')
-    (side / "state.json").write_text('{"fingerprint": "f"}')
-    with pytest.raises(UnsafeOutputError, match="state.json is not a record of ours"):
+    (Path(out.url) / SIDECAR / "saved/tile-0-1.json").write_text('{"index": [0, 1]}')
+    with pytest.raises(UnsafeOutputError, match="tile-0-1.json is not a record of ours"):
         originals.restore(out)
+    assert (Path(out.url) / SIDECAR / "original/c/0/1").exists()
+
+
+def test_a_rollback_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No data block left: the rollback's flag is an empty file, and the rest are renames and
+    removals, so C comes back as it was; the chunk folder the accumulation made goes too."""
+    from pipeline.store.door import Door
+
+    job, out, _ = begin(tmp_path)
+    before = {k: v for k, v in files(out).items() if not k.startswith(SIDECAR)}
+    c = zarr.open_array(out.url)
+    originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
+    c[:] = 9.0  # writes c/1/0 and c/1/1, which C did not hold, in a folder c/1 it did not have
+    real = Door.write
+
+    def full(self: Door, name: str, data: Any, **kw: Any) -> None:
+        if len(data):
+            raise OSError(28, "No space left on device")
+        real(self, name, data, **kw)
+
+    monkeypatch.setattr(Door, "write", full)
+    assert state.roll_back(out) == 2
+    assert files(out) == before
+    assert not (Path(out.url) / "c/1").exists()
 
 
 def test_the_steps_cross_their_crash_points_in_order(
@@ -325,7 +341,7 @@ def test_the_steps_cross_their_crash_points_in_order(
     (Path(out.url) / SIDECAR / "state.json").write_text("{}")
     (Path(out.url) / SIDECAR / "inputs.json").write_text("{}")
     originals.clean(out)
-    assert steps == ["clean.file", "clean.state"]
+    assert steps == ["clean.file", "clean.state", "clean.state"]  # the state, then the flag
     assert set(steps) | {"move.object", "rollback.tile"} <= set(crash.STEPS)
 
 
@@ -340,7 +356,7 @@ def test_the_users_storage_options_reach_every_read_and_write(
     c[:] = 1.0
     options = {"token": "secret"}
     seen: list[Any] = []
-    for name in ("read_small", "write_bytes", "url_to_fs", "open_output", "read_json"):
+    for name in ("read_small", "write_bytes", "url_to_fs", "open_output"):
         real = getattr(originals, name)
 
         def spy(*args: Any, _real: Any = real, **kw: Any) -> Any:
@@ -432,7 +448,8 @@ def test_clean_removes_the_state_last(tmp_path: Path, monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(originals.Files, "remove", remove)
     originals.clean(out)
-    assert removed[-1] == f"{SIDECAR}/state.json" and len(removed) == 4
+    assert removed[-2:] == [f"{SIDECAR}/state.json", f"{SIDECAR}/rolling-back"]
+    assert len(removed) == 5
     assert not (Path(out.url) / SIDECAR).exists()
     assert (Path(out.url) / "zarr.json").exists()
 
@@ -500,7 +517,7 @@ def test_read_state_phases(tmp_path: Path, document: Any, phase: str) -> None:
     (Path(out.url) / SIDECAR / "state.json").write_text(json.dumps(document))
     assert state.read_state(out)["phase"] == phase  # type: ignore[index]
     (Path(out.url) / SIDECAR / "state.json").write_text("{torn")
-    assert state.read_state(out) == {"fingerprint": None, "phase": "running"}
+    assert state.read_state(out) == {"fingerprint": None, "phase": "running", "torn": True}
 
 
 def test_roll_back_puts_c_back_and_a_killed_one_is_finished(tmp_path: Path) -> None:
@@ -656,7 +673,11 @@ def test_the_state_steps_cross_their_crash_points_and_commit_first(
     (Path(out.url) / SIDECAR / "state.json").write_text('{"fingerprint": "f"}')
     with pytest.raises(KeyboardInterrupt):
         state.roll_back(out)
-    assert state.read_state(out) == {"fingerprint": "f", "phase": "rolling-back", "complete": False}
+    assert state.read_state(out) == {"fingerprint": "f", "phase": "rolling-back"}
+    assert (Path(out.url) / SIDECAR / "rolling-back").read_bytes() == b""
+    (Path(out.url) / SIDECAR / "state.json").unlink()  # a cleanup stopped before the flag went
+    assert state.read_state(out) == {"phase": "rolling-back"}
+    assert state.settle(out) is None and not (Path(out.url) / SIDECAR).exists()
 
 
 def test_the_state_is_written_synced_through_cs_door(
@@ -733,6 +754,13 @@ def test_the_words_of_the_refusals_and_the_log(
     with caplog.at_level("INFO", logger="pipeline"), pytest.raises(UsageError) as nothing:
         state.start(out, job.plan, "fp", now, job.key_encodings, resume=True)
     assert str(nothing.value) == (
+        f"--resume: the last accumulation into C ({out.url}) had finished (its folder is now "
+        "removed): C holds its new values, nothing is left to resume; adding the product "
+        "again is a new --accumulate, without --resume"
+    )
+    with pytest.raises(UsageError) as nothing:
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=True)
+    assert str(nothing.value) == (
         f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished or was "
         "rolled back, or none started); rerun without --resume to add the product"
     )
@@ -746,3 +774,52 @@ def test_the_words_of_the_refusals_and_the_log(
     (Path(out.url) / SIDECAR / "saved/tile-0-0.json").write_text("{}")
     with pytest.raises(UnsafeOutputError, match=rf"\(rm -r {out.url}/{SIDECAR}\); otherwise"):
         state.settle(Output(out.url + "/", {}))
+
+
+def test_resume_after_a_finished_or_rolled_back_one_says_which(tmp_path: Path) -> None:
+    """Never the advice to run it again without --resume when it had finished: that adds the
+    product twice."""
+    job, out, _ = begin(tmp_path)
+    now = listings(job.store)
+    st = state.read_state(out)
+    (Path(out.url) / SIDECAR / "state.json").write_text(json.dumps({**st, "phase": "complete"}))
+    with pytest.raises(UsageError, match="had finished .* nothing is left to resume"):
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=True)
+    begin(tmp_path)
+    (Path(out.url) / SIDECAR / "rolling-back").write_bytes(b"")
+    with pytest.raises(UsageError, match="failed and is now rolled back: C holds its values"):
+        state.start(out, job.plan, "fp", now, job.key_encodings, resume=True)
+
+
+@pytest.mark.parametrize("planted", [b"[1, 2]", b"{not json", None])
+def test_a_state_that_is_not_ours_is_refused_with_the_way_out(
+    tmp_path: Path, planted: bytes | None
+) -> None:
+    job, out, _ = begin(tmp_path)
+    path = Path(out.url) / SIDECAR / "state.json"
+    path.unlink()
+    if planted is None:
+        path.mkdir()
+    else:
+        path.write_bytes(planted)
+    with pytest.raises(UnsafeOutputError, match=r"not an accumulation's state .*\(rm -r "):
+        state.start(out, job.plan, "fp", listings(job.store), job.key_encodings, resume=True)
+
+
+def test_a_malformed_crash_point_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "killpg", lambda *a: pytest.fail("fired"))
+    monkeypatch.setenv(crash.COUNT, str(tmp_path / "hits"))
+    for wanted in ("move.object", "move.object:x:KILL", "move.object:1:NOPE", "move.object:1"):
+        monkeypatch.setenv(crash.AT, wanted)
+        crash.point("move.object")
+
+
+@pytest.mark.parametrize("name", ["alpha", "beta"])
+def test_a_whole_factor_past_2_53_is_refused_for_an_integer_c(tmp_path: Path, name: str) -> None:
+    a = write_array(tmp_path / "a.zarr", np.ones((4, 2), np.int8), (2, 2))
+    b = write_array(tmp_path / "b.zarr", np.ones((2, 4), np.int8), (2, 2))
+    zarr.create_array(str(tmp_path / "c.zarr"), data=np.ones((4, 4), "int64"), chunks=(2, 2))
+    factors = {"alpha": 1.0, "beta": 1.0, name: float(2**53 + 2)}
+    with pytest.raises(UsageError, match=rf"{name}=9007199254740994 is past 2\*\*53, where"):
+        prepare(a, b, str(tmp_path / "c.zarr"), accumulate=True, **factors)
+    prepare(a, b, str(tmp_path / "c.zarr"), accumulate=True, beta=float(2**53))  # exact
