@@ -32,23 +32,25 @@ def standardized(x: Any, mode: str) -> tuple[Standardize, Any]:
     return std, (x.astype(np.float64) - std.shift) * std.scale
 
 
-def tolerance(xs: Any, c: Any) -> Any:
+def tolerance(xs: Any, c: Any, factor_unit: float = 0.0) -> Any:
     """Per row of C: TAU·(u·(k + 2)·‖A_i‖·‖B‖ + u_C·‖C_i‖ + verifier), u float32's (X's dtype,
     never finer than C's), u_C C's own (its stored values' rounding)."""
     a_norm = np.linalg.norm(xs.T, axis=1)
     b_norm = float(np.linalg.norm(xs))
     c_norm = np.linalg.norm(c.astype(np.float64), axis=1)
     stored = (U32 if c.dtype == np.float32 else U64) * c_norm
-    expected = U32 * (K + 2) * a_norm * b_norm + stored
-    verifier = U64 * (math.sqrt(K) * a_norm * b_norm + math.sqrt(N) * c_norm)
+    k, n = xs.shape
+    factors = 2 * factor_unit * a_norm * b_norm  # tensor cores round both factors of a term
+    expected = U32 * (k + 2) * a_norm * b_norm + factors + stored
+    verifier = U64 * (math.sqrt(k) * a_norm * b_norm + math.sqrt(n) * c_norm)
     return TAU * (expected + verifier)
 
 
-def row_ratios(tmp_path: Path, x: Any, c: Any, std: Standardize) -> Any:
-    job = make_job(tmp_path, x.T.copy(), x, c, transposed=(True, False))
+def row_ratios(tmp_path: Path, x: Any, c: Any, std: Standardize, precision: str = "fp32") -> Any:
+    job = make_job(tmp_path, x.T.copy(), x, c, transposed=(True, False), precision=precision)
     job = dataclasses.replace(job, standardize=std)
     ref = reference(job)
-    checks = [tasks.check_rows(job, rows, ref, 0.0) for rows in blocks(N, 4)]
+    checks = [tasks.check_rows(job, rows, ref, 0.0) for rows in blocks(x.shape[1], 4)]
     return np.concatenate([check.ratios for check in checks])
 
 
@@ -116,3 +118,35 @@ def test_each_rows_ratio_is_its_residual_over_the_stated_tolerance(tmp_path: Pat
     stated = (residual / tolerance(xs, c)[:, None]).max(axis=1)
     np.testing.assert_allclose(got, stated, rtol=1e-6)
     assert got[1] > 1 and (np.delete(got, [1]) < 1).all()
+
+
+@pytest.mark.parametrize(("factor", "caught"), [(1.03, True), (0.97, False)])
+def test_tensor_precision_adds_the_factors_rounding(
+    tmp_path: Path, factor: float, caught: bool
+) -> None:
+    """tf32 rounds both factors of every term (u = 2**-11): 2·u·‖A_i‖·‖B‖ more per row."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((K, N)).astype(np.float32)
+    std, xs = standardized(x, "center")
+    c = xs.T @ xs
+    off = factor * tolerance(xs, c, 2.0**-11)
+    c[np.arange(N), np.arange(N)] += off
+    ratios = row_ratios(tmp_path, x, c, std, precision="tf32")
+    assert ((ratios > 1.0) == caught).all(), ratios
+    np.testing.assert_allclose(ratios, factor, rtol=5e-3)
+
+
+@pytest.mark.parametrize(("factor", "caught"), [(1.03, True), (0.97, False)])
+def test_a_kinship_of_one_variant_allows_three_roundings(
+    tmp_path: Path, factor: float, caught: bool
+) -> None:
+    """k = 1 (one variant, X's one row): u·(1 + 2), not less and not more."""
+    x = np.array([[0.0, 2.0, 2.0, 0.0, 2.0, 1.0]], dtype=np.float32)  # no sample at 2p
+    std = measured(Standardize("kinship", 0), block_moments(x, 0))
+    assert std.shift is not None and std.scale is not None
+    xs = (x.astype(np.float64) - std.shift[:, None]) * std.scale[:, None]
+    c = xs.T @ xs
+    c[np.arange(N), np.arange(N)] += factor * tolerance(xs, c)
+    ratios = row_ratios(tmp_path, x, c, std)
+    assert ((ratios > 1.0) == caught).all(), ratios
+    np.testing.assert_allclose(ratios, factor, rtol=5e-3)
