@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import zarr
+from numcodecs import Delta
 
 from pipeline import prepare
 from pipeline.accumulate import crash, originals, state
@@ -27,6 +28,7 @@ from pipeline.store.owned import SIDECAR
 from pipeline.store.resume import listings
 from pipeline.store.space import Room
 from tests.helpers import write_array
+from tests.pipeline.test_accumulate_protocol import FakeStatvfs
 
 # -- combine and integer_sum ------------------------------------------------------------------
 
@@ -823,3 +825,54 @@ def test_a_whole_factor_past_2_53_is_refused_for_an_integer_c(tmp_path: Path, na
     with pytest.raises(UsageError, match=rf"{name}=9007199254740994 is past 2\*\*53, where"):
         prepare(a, b, str(tmp_path / "c.zarr"), accumulate=True, **factors)
     prepare(a, b, str(tmp_path / "c.zarr"), accumulate=True, beta=float(2**53))  # exact
+
+
+def test_beta_scales_c_old_in_the_products_dtype() -> None:
+    beta = 1 + 2**-24  # 1 in float32: 3 stays 3 (3.0000002 in float64)
+    got = combine(task("float32", 1.0, beta), np.array([[0.0]], np.float32),
+                  np.array([[3.0]], np.float32))  # fmt: skip
+    np.testing.assert_array_equal(got, np.array([[3.0]], np.float32), strict=True)
+
+
+def test_a_stopped_jobs_task_moves_nothing(tmp_path: Path) -> None:
+    """A task whose job no longer holds C's lock (its token is not the lock's) is fenced out
+    before it moves one object."""
+    from pipeline.accumulate.tasks import original
+    from pipeline.plan.spec import Tile
+
+    out, _ = make_c(tmp_path)
+    spec = tile_task(out)
+    spec.lock_token = "a-job-that-stopped"
+    with pytest.raises(UnsafeOutputError, match="no longer holds OUT's lock"):
+        original(spec, Tile((0, 0), (0, 4), (0, 4)))
+    assert (Path(out.url) / "c/0/0").exists() and not (Path(out.url) / SIDECAR).exists()
+
+
+def test_room_for_c_by_its_codecs_and_free_space(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filter alone makes C's objects' size unknown beforehand (their stored bytes are the
+    estimate, the accumulation's own folder left out); the free space is statvfs' f_bavail."""
+    url = str(tmp_path / "delta.zarr")
+    zarr.create_array(url, data=np.arange(100.0).reshape(10, 10), chunks=(5, 5),
+                      zarr_format=2, filters=[Delta(dtype="f8")], compressors=None)  # fmt: skip
+    (Path(url) / SIDECAR).mkdir()
+    (Path(url) / SIDECAR / "state.json").write_bytes(b"x" * 10_000)
+    monkeypatch.setattr(os, "statvfs", lambda p: FakeStatvfs(12345, 99))
+    room = room_for_c(Output(url, {}))
+    stored = sum(p.stat().st_size for p in Path(url).rglob("*")
+                 if p.is_file() and SIDECAR not in p.parts)  # fmt: skip
+    assert room == Room(stored, True, 12345, url)
+    monkeypatch.setattr(os, "statvfs", lambda p: (_ for _ in ()).throw(OSError("gone")))
+    assert room_for_c(Output(url, {})).free is None  # type: ignore[union-attr]
+    raw = Room(1536, False, 2048, "/data")
+    assert describe_room_for_c(raw) == (
+        "1.5 KiB more while the accumulation runs (C's originals are kept until it ends); "
+        "2.0 KiB free at /data"
+    )
+    assert describe_room_for_c(Room(2048, True, 2048, "/d")).startswith("about 2.0 KiB more")
+    assert describe_room_for_c(Room(2048, True, 2048, "/d")).endswith("2.0 KiB free at /d")
+    assert describe_room_for_c(Room(3072, False, 2048, "/d")) == (
+        "3.0 KiB more while the accumulation runs (C's originals are kept until it ends); "
+        "2.0 KiB free at /d: does not fit, 1.0 KiB short"
+    )
