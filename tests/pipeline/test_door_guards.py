@@ -501,8 +501,10 @@ def test_remove_tree_removes_links_as_links(root: Path, victim: Path) -> None:
     (root / "s" / "empty").mkdir()
     (root / "s" / "link").symlink_to(victim)
     (root / "keep").write_bytes(b"x")
+    (root / "empty-elsewhere").mkdir()
     assert Door(str(root)).remove_tree("s") == 3
-    assert os.listdir(root) == ["keep"] and victim.read_bytes() == b"precious"
+    assert sorted(os.listdir(root)) == ["empty-elsewhere", "keep"]  # only s's folders go
+    assert victim.read_bytes() == b"precious"
 
 
 def test_remove_empty_below_keeps_what_holds_anything(root: Path) -> None:
@@ -677,3 +679,14 @@ def test_remove_if_same_in_a_folder(root: Path) -> None:
     finally:
         os.close(fd)
     assert os.listdir(root / "c") == [] and (root / "lock.json").exists()
+
+
+def test_open_existing_in_a_folder(root: Path) -> None:
+    door = Door(str(root))
+    (root / "lock.json").write_bytes(b"another at the top")
+    os.close(door.create("c/lock.json", b"{}"))
+    opened = door.open_existing("c/lock.json")
+    try:
+        assert os.path.samestat(os.fstat(opened), os.stat(root / "c" / "lock.json"))
+    finally:
+        os.close(opened)
