@@ -876,3 +876,101 @@ def test_room_for_c_by_its_codecs_and_free_space(
         "3.0 KiB more while the accumulation runs (C's originals are kept until it ends); "
         "2.0 KiB free at /d: does not fit, 1.0 KiB short"
     )
+
+
+def specs(m: int = 4, k: int = 2, n: int = 4, dtype: str = "float64") -> tuple[Any, Any]:
+    from pipeline.plan.spec import ArraySpec
+
+    return ArraySpec((m, k), (2, 2), dtype), ArraySpec((k, n), (2, 2), dtype)
+
+
+def test_target_reads_cs_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """C's dtype, chunks, shards and format are OUT's; the snapshot is compared again later;
+    the user's storage options reach every open."""
+    from pipeline.accumulate import flags
+
+    url = str(tmp_path / "c.zarr")
+    zarr.create_array(url, shape=(4, 4), chunks=(1, 2), shards=(2, 4), dtype="f4")
+    options: dict[str, Any] = {}
+    seen: list[Any] = []
+    for module, name in ((flags, "url_to_fs"), (flags.inputs, "open_input")):
+        real = getattr(module, name)
+
+        def spy(url: str, opts: Any, *rest: Any, _real: Any = real) -> Any:
+            seen.append(opts)
+            return _real(url, opts, *rest)
+
+        monkeypatch.setattr(module, name, spy)
+    snap, layout = flags.target(Output(url, options), *specs(), 1.0, 1.0)
+    assert layout == OutputSpec("float32", (1, 2), (2, 4), 3, accumulate=True)
+    assert snap["accumulation"] is None and '"float32"' in snap["metadata"]
+    assert seen == [options, options]
+    plain = str(tmp_path / "plain.zarr")
+    zarr.create_array(plain, shape=(4, 4), chunks=(2, 2), dtype="i8", zarr_format=2)
+    _, layout = flags.target(Output(plain, {}), *specs(dtype="int8"), 3.0, 1.0)
+    assert layout == OutputSpec("int64", (2, 2), None, 2, accumulate=True)
+
+
+def test_target_refusals(tmp_path: Path) -> None:
+    from pipeline.accumulate import flags
+    from pipeline.errors import IntegerOverflowError
+
+    missing = str(tmp_path / "nowhere.zarr")
+    with pytest.raises(InputError, match=rf"^--accumulate: C \({missing}\) does not exist; it "
+                       r"must be an existing Zarr array \(drop --accumulate to write a new "
+                       r"product\)$"):  # fmt: skip
+        flags.target(Output(missing, {}), *specs(), 1.0, 1.0)
+    url = str(tmp_path / "c.zarr")
+    zarr.create_array(url, shape=(4, 5), chunks=(2, 2), dtype="f8")
+    with pytest.raises(InputError, match=rf"^--accumulate: C \({url}\) is 4x5, but A @ B is "
+                       r"3x6; give a C of the product's shape$"):  # fmt: skip
+        flags.target(Output(url, {}), *specs(m=3, n=6), 1.0, 1.0)
+    small = str(tmp_path / "small.zarr")
+    zarr.create_array(small, shape=(4, 4), chunks=(2, 2), dtype="i1")
+    with pytest.raises(IntegerOverflowError, match=r"3·\(int8 @ int8 over K=7\) can reach"):
+        flags.target(Output(small, {}), *specs(k=7, dtype="int8"), 3.0, 1.0)
+    with pytest.raises(UsageError, match="--beta 0.5 is not a whole number"):
+        flags.target(Output(small, {}), *specs(k=1, dtype="int8"), 1.0, 0.5)
+    with pytest.raises(UsageError, match=r"C \(i1\) would truncate a float64 @ int8|truncate"):
+        flags.target(Output(small, {}), specs()[0], specs(dtype="int8")[1], 1.0, 1.0)
+
+
+@pytest.mark.parametrize("odd", ["link", "fifo"])
+def test_target_refuses_links_and_special_files_in_c(tmp_path: Path, odd: str) -> None:
+    from pipeline.accumulate import flags
+
+    url = str(tmp_path / "c.zarr")
+    zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
+    (Path(url) / "c").mkdir()
+    for name in ("c/9", "c/8"):  # two of them: the first by name is named, both counted
+        if odd == "link":
+            (Path(url) / name).symlink_to(tmp_path)
+        else:
+            os.mkfifo(Path(url) / name)
+    what = "a symbolic link" if odd == "link" else "a special file"
+    with pytest.raises(UnsafeOutputError, match=rf"^--accumulate: C \({url}\) holds {what} at "
+                       r"c/8 \(2 such in all\); C's chunks are rewritten in place, only inside "
+                       r"C's own folders: copy C without links \(e\.g\. cp -rL\) and accumulate "
+                       "into the copy$"):  # fmt: skip
+        flags.target(Output(url, {}), *specs(), 1.0, 1.0)
+
+
+def test_flags_refusal_words() -> None:
+    base = {"alpha": 1.0, "overwrite": False, "verify": False, "layout": LAYOUT}
+    with pytest.raises(UsageError) as beta:
+        check_flags(accumulate=False, beta=2.0, **base)
+    assert str(beta.value) == "--beta scales C's old values: it needs --accumulate"
+    with pytest.raises(UsageError) as both:
+        check_flags(accumulate=True, beta=None, **{**base, "overwrite": True})
+    assert str(both.value) == (
+        "--accumulate adds into C's values and --overwrite would replace them; pick one"
+    )
+
+
+def test_the_crash_counter_is_the_users_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(crash.COUNT, str(tmp_path / "hits"))
+    monkeypatch.setenv(crash.AT, "move.object:9:KILL")
+    crash.point("move.object")
+    assert (tmp_path / "hits").stat().st_mode & 0o777 == 0o600
