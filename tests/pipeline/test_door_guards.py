@@ -138,6 +138,22 @@ def test_read_head_and_what_is_not_there(root: Path) -> None:
     assert door.read("missing/f") is None
 
 
+def test_a_short_read_is_continued_for_what_is_left(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (root / "f").write_bytes(b"0123456789")
+    pread = os.pread
+    calls: list[tuple[int, int]] = []
+
+    def short_once(fd: int, n: int, offset: int) -> bytes:
+        calls.append((n, offset))
+        return pread(fd, min(n, 3) if len(calls) == 1 else n, offset)
+
+    monkeypatch.setattr(door_module.os, "pread", short_once)
+    assert Door(str(root)).read_range("f", 0, 6) == b"012345"
+    assert calls == [(6, 0), (3, 3)]
+
+
 def test_a_file_shortened_while_read_gives_what_is_there(
     root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -690,3 +706,88 @@ def test_open_existing_in_a_folder(root: Path) -> None:
         assert os.path.samestat(os.fstat(opened), os.stat(root / "c" / "lock.json"))
     finally:
         os.close(opened)
+
+
+def test_a_pin_of_a_folder_whose_name_ends_in_any_character(
+    tmp_path: Path, pinned: list[str]
+) -> None:
+    folder = tmp_path / "outX"  # a strip of more than "/" would take the X
+    folder.mkdir()
+    pin(str(folder), (0, 0))
+    pinned.append(str(folder))
+    with pytest.raises(UnsafeOutputError, match="was replaced"):
+        Door(str(folder)).write("x", b"x")
+
+
+def test_a_failed_first_write_of_a_created_file_says_why(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def full(fd: int, data: bytes, offset: int) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(door_module.os, "pwrite", full)
+    with pytest.raises(OSError, match="No space left"):
+        Door(str(root)).create("lock.json", b"{}")
+
+
+def test_a_source_swapped_for_a_link_before_a_rename_moves_the_link(
+    root: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (root / "a").write_bytes(b"ours")
+    stat_ = os.stat
+
+    def swap_after(path: str, *, dir_fd: int | None = None, follow_symlinks: bool = True) -> object:
+        found = stat_(path, dir_fd=dir_fd, follow_symlinks=follow_symlinks)
+        if path == "a" and (root / "a").is_file() and not (root / "a").is_symlink():
+            (root / "a").unlink()
+            (root / "a").symlink_to(victim)  # swapped in after the check
+        return found
+
+    monkeypatch.setattr(door_module.os, "stat", swap_after)
+    Door(str(root)).rename("a", "b")
+    assert (root / "b").is_symlink() and os.stat(victim).st_nlink == 1  # no second name of it
+
+
+def test_a_temporary_file_swapped_for_a_link_is_placed_as_the_link(
+    root: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    write_all = door_module._write_all
+
+    def swap_after(fd: int, view: memoryview) -> None:
+        write_all(fd, view)
+        [tmp] = [p for p in root.iterdir() if p.name.endswith(".partial")]
+        tmp.unlink()
+        tmp.symlink_to(victim)  # swapped in before it is linked into place
+
+    monkeypatch.setattr(door_module, "_write_all", swap_after)
+    Door(str(root)).write("lock.json", b"{}", exclusive=True)
+    assert (root / "lock.json").is_symlink() and os.stat(victim).st_nlink == 1
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_folder_that_cannot_be_opened_does_not_end_the_walk(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (root / "a").mkdir()
+    (root / "b").write_bytes(b"x")
+    scandir, open_ = os.scandir, os.open
+
+    class Listing(list[os.DirEntry[str]]):
+        def __enter__(self) -> Listing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+    def in_order(fd: int) -> Listing:
+        with scandir(fd) as entries:
+            return Listing(sorted(entries, key=lambda e: e.name))
+
+    def refuse_a(path: str, flags: int, *args: object, **kwargs: object) -> int:
+        if path == "a":
+            raise PermissionError(path)
+        return open_(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(door_module.os, "scandir", in_order)
+    monkeypatch.setattr(door_module.os, "open", refuse_a)
+    assert [e.path for e in door_module._walk(open_(root, os.O_RDONLY), "")] == ["a", "b"]
