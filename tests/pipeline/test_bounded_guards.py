@@ -97,6 +97,7 @@ def _read(url: str) -> tuple[Exception | None, int]:
     return None, peak
 
 
+DELTA = {"id": "delta", "dtype": "<f4"}
 BZ2_V3 = {"name": "numcodecs.bz2", "configuration": {"level": 1}}
 LZMA_V3 = {"name": "numcodecs.lzma", "configuration": {}}
 ZSTD_V3 = {"name": "zstd", "configuration": {"level": 0, "checksum": False}}
@@ -116,6 +117,9 @@ GZIP_V3 = {"name": "gzip", "configuration": {"level": 1}}
         (lambda p: _v2(p, bomb("bz2"), {"id": "bz2"}, [{"id": "delta", "dtype": "<f4"}]),
          "a stored bz2 chunk decodes past the 4,000,000 bytes 1000x1000 float32 elements "
          "through delta can need; refused there"),
+        (lambda p: _v2(p, bomb("bz2"), {"id": "bz2"}, [DELTA, {"id": "crc32"}]),
+         "a stored bz2 chunk decodes past the 4,000,064 bytes 1000x1000 float32 elements "
+         "through delta, crc32 can need"),
         (lambda p: _v3(p, bomb("bz2"), [BZ2_V3]),
          "a stored bz2 chunk declares no size and decodes past the 4,000,000 bytes its "
          "1000x1000 float32 elements hold"),
@@ -416,3 +420,11 @@ def test_a_compressor_around_whole_shards_is_capped_not_exact(tmp_path: Path) ->
     assert f"gzip chunk decodes past the {most:,} bytes 1000x1000 float32 elements through " \
         "sharding can need" in str(refused), str(refused)  # fmt: skip
     assert peak < 48 * MiB, f"peak {peak / MiB:.0f} MiB"
+
+
+def test_a_v3_codec_without_a_name_is_refused_by_its_class() -> None:
+    class Mystery:
+        pass
+
+    with pytest.raises(InputError, match="^its codec 'Mystery' decodes"):
+        bounded_module._bound_chain((Mystery(),), None)  # type: ignore[arg-type]
