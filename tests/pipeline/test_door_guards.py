@@ -791,3 +791,51 @@ def test_a_folder_that_cannot_be_opened_does_not_end_the_walk(
     monkeypatch.setattr(door_module.os, "scandir", in_order)
     monkeypatch.setattr(door_module.os, "open", refuse_a)
     assert [e.path for e in door_module._walk(open_(root, os.O_RDONLY), "")] == ["a", "b"]
+
+
+def test_a_folder_made_by_another_meanwhile_is_taken(
+    root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    mkdir = os.mkdir
+
+    def beaten(path: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        mkdir(path, mode, dir_fd=dir_fd)  # another job made it first
+        mkdir(path, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(door_module.os, "mkdir", beaten)
+    Door(str(root)).write("c/0", b"x")
+    assert (root / "c" / "0").read_bytes() == b"x"
+
+
+def test_the_temporary_file_is_named_after_the_file_with_the_flags_asked(root: Path) -> None:
+    import fcntl
+
+    seen: list[tuple[list[str], int]] = []
+
+    def fill(fd: int) -> None:
+        seen.append((os.listdir(root / "c"), fcntl.fcntl(fd, fcntl.F_GETFL)))
+
+    assert Door(str(root)).write_with("c/0", fill, flags=os.O_APPEND)
+    [(names, flags)] = seen
+    assert len(names) == 1 and re.fullmatch(r"0\.[0-9a-f]{32}\.partial", names[0]), names
+    assert flags & os.O_APPEND  # a killed write leaves a name an array of ours owns
+
+
+def test_a_link_planted_at_the_temporary_name_is_never_written_through(
+    root: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(door_module, "partial_name", lambda name: f"{name}.guessed.partial")
+    (root / "lock.json.guessed.partial").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        Door(str(root)).write("lock.json", b"{}")
+    assert victim.read_bytes() == b"precious"
+
+
+def test_a_failed_fill_says_why_even_when_its_file_is_gone(root: Path) -> None:
+    def fail(fd: int) -> None:
+        for name in os.listdir(root):
+            os.unlink(root / name)
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        Door(str(root)).write_with("x", fail)
