@@ -839,3 +839,8 @@ def test_a_failed_fill_says_why_even_when_its_file_is_gone(root: Path) -> None:
 
     with pytest.raises(RuntimeError, match="disk on fire"):
         Door(str(root)).write_with("x", fail)
+
+
+def test_a_name_ending_in_any_character_is_written_as_given(root: Path) -> None:
+    Door(str(root)).write("c/0X", b"x")  # a strip of more than "/" would take the X
+    assert os.listdir(root / "c") == ["0X"]
