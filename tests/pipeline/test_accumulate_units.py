@@ -205,6 +205,7 @@ def test_a_tile_saved_written_and_put_back(tmp_path: Path) -> None:
     marker = json.loads((side / "saved/tile-0-0.json").read_text())
     assert marker == {"index": [0, 0], "absent": ["c/1/0", "c/1/1"]}
     assert originals.is_saved(out, (0, 0)) and not originals.is_saved(out, (0, 1))
+    assert originals.marker_name((3, 5)) == "saved/tile-3-5.json"
     originals.save_tile(out, (0, 0), keys)  # a rerun: nothing moves twice
     assert json.loads((side / "saved/tile-0-0.json").read_text())["absent"] == ["c/1/0", "c/1/1"]
     c[:] = 5.0  # the tile written: every object of it now stored in C
@@ -227,7 +228,7 @@ def test_on_an_object_store_a_move_is_a_copy_and_a_delete(tmp_path: Path) -> Non
     c[:2, :] = np.arange(8.0).reshape(2, 4)
     fs, root = fsspec.filesystem("memory"), url[len("memory:/") :]
     before = {p: fs.cat_file(p) for p in fs.find(root)}
-    out = Output(url, {})
+    out = Output(url + "/", {})
     keys = originals.object_keys(c, (0, 4), (0, 4))
     fs.copy(f"{root}/c/0/1", f"{root}/{SIDECAR}/original/c/0/1")  # a copy whose delete was lost
     originals.save_tile(out, (0, 0), keys)
@@ -243,6 +244,12 @@ def test_on_an_object_store_a_move_is_a_copy_and_a_delete(tmp_path: Path) -> Non
     assert {p: fs.cat_file(p) for p in fs.find(root)} == before
     state._write_state(out, {"fingerprint": "f", "phase": "running"})
     assert state.read_state(out) == {"fingerprint": "f", "phase": "running", "complete": False}
+    originals.save_tile(out, (0, 0), keys)
+    c[:] = 6.0
+    assert state.roll_back(out) == 2 and state.read_state(out) is None
+    assert {p: fs.cat_file(p) for p in fs.find(root)} == before
+    fs.pipe_file(f"{root}/{SIDECAR}/rolling-back", b"")  # a rollback stopped after its flag
+    assert state.read_state(out) == {"phase": "rolling-back"}
     originals.clean(out)
     assert state.read_state(out) is None
 
@@ -432,7 +439,7 @@ def test_a_planted_original_that_is_not_a_chunk_of_c_stops_the_rollback(tmp_path
     out, _ = make_c(tmp_path)
     (Path(out.url) / SIDECAR / "original/c/9").mkdir(parents=True)
     (Path(out.url) / SIDECAR / "original/c/9/9").write_bytes(b"planted")
-    with pytest.raises(UnsafeOutputError, match=r"original/c/9/9 is not a record of ours"):
+    with pytest.raises(UnsafeOutputError, match=rf"^C \({out.url}\): .*original/c/9/9 is not"):
         originals.restore(out)
     assert not (Path(out.url) / "c/9").exists()
 
@@ -449,7 +456,9 @@ def test_clean_removes_the_state_last(tmp_path: Path, monkeypatch: pytest.Monkey
         real(self, name)
 
     monkeypatch.setattr(originals.Files, "remove", remove)
+    (Path(out.url) / "c/7").mkdir()  # C's own empty folder: not the accumulation's to remove
     originals.clean(out)
+    assert (Path(out.url) / "c/7").is_dir()
     assert removed[-2:] == [f"{SIDECAR}/state.json", f"{SIDECAR}/rolling-back"]
     assert len(removed) == 5
     assert not (Path(out.url) / SIDECAR).exists()
@@ -974,3 +983,10 @@ def test_the_crash_counter_is_the_users_alone(
     monkeypatch.setenv(crash.AT, "move.object:9:KILL")
     crash.point("move.object")
     assert (tmp_path / "hits").stat().st_mode & 0o777 == 0o600
+
+
+def test_a_c_that_is_not_2d_cannot_be_rolled_back(tmp_path: Path) -> None:
+    url = str(tmp_path / "c1.zarr")
+    zarr.create_array(url, shape=(4,), chunks=(2,), dtype="f8")
+    with pytest.raises(UnsafeOutputError, match=rf"^C \({url}\) is not a 2-D array: it cannot"):
+        originals.restore(Output(url, {}))
