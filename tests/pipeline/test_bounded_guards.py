@@ -226,7 +226,8 @@ def test_a_non_numeric_array_is_left_as_it_is(tmp_path: Path) -> None:
 def test_a_remote_input_is_opened_as_zarr_opens_it(tmp_path: Path) -> None:
     url = f"memory://bounded-{tmp_path.name}/a.zarr"
     zarr.create_array(url, shape=(4, 4), dtype="f4", fill_value=1.5)
-    assert open_input_array(url, None)[0, 0] == 1.5
+    opened = open_input_array(url, None)
+    assert opened[0, 0] == 1.5 and opened.read_only  # inputs are never written
 
 
 @numcodecs_v3
