@@ -328,7 +328,10 @@ def test_why_a_coordinate_is_not_compared_is_logged(
         check_contracted([a, c], (a_url, c_url), (False, False))
     where_b, where_c = tmp_path / "b.zarr" / "t", tmp_path / "c" / "c.zarr" / "t"
     assert f"coordinate {where_b} of B not compared: dtype <U65" in caplog.messages
-    assert any(m.startswith(f"no coordinate {where_c} for B: ") for m in caplog.messages)
+    # the reason, as open_input words it for B's coordinate
+    assert any(
+        m.startswith(f"no coordinate {where_c} for B: B's coordinate (") for m in caplog.messages
+    )
 
 
 def test_encodings_that_cannot_be_told_apart_say_both_ways_out(tmp_path: Path) -> None:
@@ -370,3 +373,69 @@ def test_a_nanosecond_origin_is_kept_to_the_nanosecond(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="differ at 4 of 4 positions"):
         check(tmp_path / "b", (False, False), times, origin + 1 + times,
               attrs_a=odd, attrs_b=epoch)  # fmt: skip
+
+
+def test_a_comparison_that_fails_describes_each_side_and_both_ways_out(tmp_path: Path) -> None:
+    days = {"t": {"units": "days since 2000-01-01"}}
+    hours = {"t": {"units": "hours since 2000-01-01"}}
+    with pytest.raises(InputError) as refused:
+        check(tmp_path, (False, False), np.arange(N) + 0.5, 24 * np.arange(N),
+              attrs_a=days, attrs_b=hours)  # fmt: skip
+    text = str(refused.value)
+    a, b = tmp_path / "a.zarr" / "t", tmp_path / "b.zarr" / "t"
+    assert (
+        f"that cannot be compared ({a}: float64 units 'days since 2000-01-01', {b}: int64 "
+        "units 'hours since 2000-01-01': float64 times in days are not whole numbers); write "
+        "both alike, or pass --ignore-coordinates to multiply them by position"
+    ) in text
+    assert text.endswith("multiply them by position")
+
+
+@pytest.mark.parametrize(
+    ("url", "expected"),
+    [
+        ("/d/ds.zarr/X", "/d/ds.zarr/X_time"),  # an X in the name is no path
+        ("zip://ds/X/::/d/a.zip", "zip://ds/X_time::/d/a.zip"),  # a trailing slash
+        ("zip://ds/X::simplecache::s3://b/a.zip", "zip://ds/X_time::simplecache::s3://b/a.zip"),
+        ("zip://a://X::/d/a.zip", "zip://a://X_time::/d/a.zip"),  # '://' inside the path
+    ],
+)
+def test_siblings_of_chained_and_odd_urls(url: str, expected: str) -> None:
+    assert coordinates.sibling(url, "X_time") == expected
+
+
+def test_storage_options_reach_the_coordinates_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, a_url = operand(tmp_path / "a.zarr", ("i", "t"), {"t": SAME})
+    b, b_url = operand(tmp_path / "b.zarr", ("t", "j"), {"t": SAME})
+    seen = []
+    real = inputs.open_input
+
+    def open_input(url: str, options: Any = None, name: str = "A") -> Any:
+        seen.append((url, options, name))
+        return real(url, None, name)
+
+    monkeypatch.setattr(inputs, "open_input", open_input)
+    options = {"anon": True}
+    check_contracted([a, b], (a_url, b_url), (False, False), options)
+    where = [str(tmp_path / side / "t") for side in ("a.zarr", "b.zarr")]
+    assert seen == [(where[0], options, "A's coordinate"), (where[1], options, "B's coordinate")]
+
+
+def test_wide_strings_are_read_in_blocks_of_their_own_size(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """BLOCK_BYTES bounds the bytes a read holds: 256-byte strings, 512 bytes, 2 a read."""
+    monkeypatch.setattr(coordinates, "BLOCK_BYTES", 512)
+    reads = []
+    real = coordinates._read
+
+    def counted(c: Any, start: int, stop: int) -> Any:
+        reads.append((c.operand, start, stop))
+        return real(c, start, stop)
+
+    monkeypatch.setattr(coordinates, "_read", counted)
+    names = np.array([ch * 64 for ch in "wxyz"])
+    check(tmp_path, (False, False), names, names)
+    assert reads == [("A", 0, 2), ("B", 0, 2), ("A", 2, 4), ("B", 2, 4)]
