@@ -429,3 +429,21 @@ def test_a_v3_codec_without_a_name_is_refused_by_its_class() -> None:
 
     with pytest.raises(InputError, match="^its codec 'Mystery' decodes"):
         bounded_module._bound_chain((Mystery(),), None)  # type: ignore[arg-type]
+
+
+def test_a_remote_input_is_opened_with_its_options(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"memory://bounded-options-{tmp_path.name}/a.zarr"
+    zarr.create_array(url, shape=(2, 2), dtype="f4")
+    seen: list[object] = []
+    open_array = zarr.open_array
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(kwargs.get("storage_options"))
+        return open_array(*args, **{**kwargs, "storage_options": None})
+
+    monkeypatch.setattr(zarr, "open_array", spy)
+    options = {"token": "the user's"}
+    open_input_array(url, options)
+    assert seen == [options]
