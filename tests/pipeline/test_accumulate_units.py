@@ -707,6 +707,9 @@ def test_the_state_is_written_synced_through_cs_door(
     monkeypatch.setattr(Door, "write", write)
     state._write_state(out, {"phase": "running"})
     assert calls == [("C", f"{SIDECAR}/state.json", True)]
+    state.roll_back(out)
+    assert calls[1] == ("C", f"{SIDECAR}/rolling-back", True)
+    state._write_state(out, {"phase": "running"})
     monkeypatch.undo()
     (Path(out.url) / SIDECAR / "state.json").unlink()
     (Path(out.url) / SIDECAR / "state.json").symlink_to(tmp_path / "elsewhere")
@@ -775,12 +778,14 @@ def test_the_words_of_the_refusals_and_the_log(
         f"--resume: C ({out.url}) has no unfinished accumulation (the last one finished or was "
         "rolled back, or none started); rerun without --resume to add the product"
     )
-    assert f"removing the folder of a finished accumulation into C ({out.url})" in caplog.text
+    said = [r.getMessage() for r in caplog.records]
+    assert f"removing the folder of a finished accumulation into C ({out.url})" in said
     begin(tmp_path)
     (Path(out.url) / SIDECAR / "state.json").write_text('{"phase": "rolling-back"}')
     with caplog.at_level("INFO", logger="pipeline"):
         state.settle(out)
-    assert f"finishing the rollback of a failed accumulation into C ({out.url})" in caplog.text
+    said = [r.getMessage() for r in caplog.records]
+    assert f"finishing the rollback of a failed accumulation into C ({out.url})" in said
     (Path(out.url) / SIDECAR / "saved").mkdir(parents=True)
     (Path(out.url) / SIDECAR / "saved/tile-0-0.json").write_text("{}")
     with pytest.raises(UnsafeOutputError, match=rf"\(rm -r {out.url}/{SIDECAR}\); otherwise"):
@@ -813,8 +818,15 @@ def test_a_state_that_is_not_ours_is_refused_with_the_way_out(
         path.mkdir()
     else:
         path.write_bytes(planted)
-    with pytest.raises(UnsafeOutputError, match=r"not an accumulation's state .*\(rm -r "):
-        state.start(out, job.plan, "fp", listings(job.store), job.key_encodings, resume=True)
+    slashed = Output(out.url + "/", {})
+    with pytest.raises(UnsafeOutputError) as refused:
+        state.start(slashed, job.plan, "fp", listings(job.store), job.key_encodings, resume=True)
+    assert str(refused.value) == (
+        f"C ({out.url}/) holds {SIDECAR}/state.json that is not an accumulation's state (not "
+        "JSON of ours, a folder, or too large): it cannot be told what C holds; if no "
+        f"accumulation into C is running or was stopped, remove the folder (rm -r "
+        f"{out.url}/{SIDECAR}) after checking C, or restore C from a copy"
+    )
 
 
 def test_a_malformed_crash_point_is_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
