@@ -130,13 +130,18 @@ def check_protocol(url: str, name: str) -> None:
         raise UsageError(f"{name} ({url}) needs a package that is not installed: {e}") from e
 
 
+ARCHIVES = ("zip", "tar", "libarchive")
+"""fsspec's file systems that read one archive file, named at the end of the chain."""
+
+
 def check_archive(url: str, name: str) -> None:
     """A chained URL's local archive (``zip://A::a.zip``) is a regular file: a missing one is
     said so, and a FIFO or device is never opened (fsspec's open of a FIFO waits forever)."""
     _, chained, target = url.rpartition("::")
-    local = local_path(target) if chained else None
+    outer = fsspec.core.split_protocol(url.split("::")[0])[0]
+    local = local_path(target) if chained and outer in ARCHIVES else None
     if local is None:
-        return
+        return  # a cache or another chain over a store: not an archive file to open
     who = f"{name} ({url})" if name else url
     try:
         mode = os.stat(local).st_mode

@@ -361,7 +361,7 @@ def test_a_hard_linked_lock_is_never_written(tmp_path: Path) -> None:
 
 
 def test_an_original_is_never_removed_unless_saved(tmp_path: Path) -> None:
-    from pipeline.accumulate.state import move_originals
+    from pipeline.accumulate.originals import save_tile
     from pipeline.store.output import Output
 
     c = tmp_path / "c.zarr"
@@ -371,7 +371,7 @@ def test_an_original_is_never_removed_unless_saved(tmp_path: Path) -> None:
     (tmp_path / "elsewhere").mkdir()
     (c / ".tilegemm-accumulate" / "original").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UnsafeOutputError):
-        move_originals(Output(str(c)), ["c/0/0"])
+        save_tile(Output(str(c)), (0, 0), ["c/0/0"])
     assert (c / "c" / "0" / "0").read_bytes() == b"C's values"
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
