@@ -58,6 +58,7 @@ def task(out_dtype: str, alpha: float = 1.0, beta: float = 1.0, url: str = "/c")
         ("bool", [(1, [0]), (1, [False])], [False]),
         ("bool", [(1, [1]), (1, [True])], None),
         ("int64", [(2**31, [2**32]), (1, [0])], None),  # 2**63: int64 would wrap
+        ("int64", [(2**40, [2**30]), (1, [0])], None),  # small values, a factor too large
         ("int64", [(3, [2**62]), (1, [1])], None),  # a large first term, a small last one
         ("int64", [(2**30, [2**30]), (1, [1])], [2**60 + 1]),  # float64 would round
     ],
@@ -1002,3 +1003,32 @@ def test_a_c_that_is_not_2d_cannot_be_rolled_back(tmp_path: Path) -> None:
     zarr.create_array(url, shape=(4,), chunks=(2,), dtype="f8")
     with pytest.raises(UnsafeOutputError, match=rf"^C \({url}\) is not a 2-D array: it cannot"):
         originals.restore(Output(url, {}))
+
+
+def test_target_names_c_in_what_it_cannot_read(tmp_path: Path) -> None:
+    from pipeline.accumulate import flags
+    from pipeline.errors import PipelineError
+
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "readme.txt").write_text("not an array")
+    with pytest.raises(PipelineError, match=rf"^C \({folder}\) holds no Zarr array"):
+        flags.target(Output(str(folder), {}), *specs(), 1.0, 1.0)
+    packed = str(tmp_path / "packed.zarr")
+    zarr.create_array(packed, shape=(4, 4), chunks=(2, 2), dtype="i2",
+                      attributes={"scale_factor": 0.1})  # fmt: skip
+    with pytest.raises(InputError, match=rf"^C \({packed}\)"):
+        flags.target(Output(packed, {}), *specs(dtype="int8"), 1.0, 1.0)
+
+
+def test_the_words_for_a_factor_past_2_53() -> None:
+    from pipeline.accumulate.flags import _check_whole_factors
+
+    _check_whole_factors("float64", 2.0**60, 1.0)  # a float C takes any finite factor
+    with pytest.raises(UsageError) as refused:
+        _check_whole_factors("uint8", 1.0, -(2.0**54))
+    assert str(refused.value) == (
+        "--beta -18014398509481984 is past 2**53, where a float no longer holds every whole "
+        "number (what was typed may not be what is read); C is uint8: scale in two steps, or "
+        "accumulate into a float64 C"
+    )
