@@ -1032,3 +1032,18 @@ def test_the_words_for_a_factor_past_2_53() -> None:
         "number (what was typed may not be what is read); C is uint8: scale in two steps, or "
         "accumulate into a float64 C"
     )
+
+
+@pytest.mark.parametrize("where", ["local", "memory"])
+def test_a_c_whose_name_ends_in_a_letter_a_strip_could_take(tmp_path: Path, where: str) -> None:
+    """Only slashes are stripped from C's name: MATRIX keeps its X."""
+    import uuid
+
+    base = str(tmp_path) if where == "local" else f"memory://x-{uuid.uuid4().hex}"
+    url = f"{base}/MATRIX"
+    c = zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
+    c[:] = 1.0
+    out = Output(url + "/", {})
+    originals.save_tile(out, (0, 0), ["c/0/0"])
+    assert originals.is_saved(out, (0, 0))
+    assert originals.Files(out).files(f"{SIDECAR}/original") == [f"{SIDECAR}/original/c/0/0"]
