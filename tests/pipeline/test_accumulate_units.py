@@ -1047,3 +1047,26 @@ def test_a_c_whose_name_ends_in_a_letter_a_strip_could_take(tmp_path: Path, wher
     originals.save_tile(out, (0, 0), ["c/0/0"])
     assert originals.is_saved(out, (0, 0))
     assert originals.Files(out).files(f"{SIDECAR}/original") == [f"{SIDECAR}/original/c/0/0"]
+    state._write_state(out, {"fingerprint": "f", "phase": "running"})
+    assert state.read_state(Output(url, {}))["fingerprint"] == "f"  # type: ignore[index]
+    assert state.sidecar(out).url == f"{url}/{SIDECAR}"
+
+
+def test_an_object_store_rollback_stopped_after_its_flag(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import uuid
+
+    url = f"memory://flag-{uuid.uuid4().hex}/c.zarr"
+    zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
+    out = Output(url, {})
+    state._write_state(out, {"fingerprint": "f", "phase": "running"})
+
+    def stop(step: str) -> None:
+        if step == "rollback.state":
+            raise KeyboardInterrupt(step)
+
+    monkeypatch.setattr(crash, "point", stop)
+    with pytest.raises(KeyboardInterrupt):
+        state.roll_back(out)
+    assert state.read_state(out) == {"fingerprint": "f", "complete": False, "phase": "rolling-back"}
