@@ -118,7 +118,8 @@ def check_protocol(url: str, name: str) -> None:
         return
     for link in url.split("::"):
         _refuse_credentials(link, name)
-    check_archive(url, name)
+    if name != "OUT":  # an OUT in an archive, found or not, is refused as one (check_writable)
+        check_archive(url, name)
     try:
         fsspec.get_filesystem_class(protocol)
     except ValueError as e:
