@@ -355,6 +355,21 @@ def test_the_steps_cross_their_crash_points_in_order(
     assert set(steps) | {"move.object", "rollback.tile"} <= set(crash.STEPS)
 
 
+def spy_options(monkeypatch: pytest.MonkeyPatch, module: Any, names: tuple[str, ...]) -> list[Any]:
+    """Each call's storage options (its last argument), passed on as none: the memory file
+    system would not tell them apart."""
+    seen: list[Any] = []
+    for name in names:
+        real = getattr(module, name)
+
+        def spy(*args: Any, _real: Any = real, **kw: Any) -> Any:
+            seen.append(args[-1])
+            return _real(*args[:-1], {}, **kw)
+
+        monkeypatch.setattr(module, name, spy)
+    return seen
+
+
 def test_the_users_storage_options_reach_every_read_and_write(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -365,15 +380,8 @@ def test_the_users_storage_options_reach_every_read_and_write(
     c = zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
     c[:] = 1.0
     options = {"token": "secret"}
-    seen: list[Any] = []
-    for name in ("read_small", "write_bytes", "url_to_fs", "open_output"):
-        real = getattr(originals, name)
-
-        def spy(*args: Any, _real: Any = real, **kw: Any) -> Any:
-            seen.append(args[-1])
-            return _real(*args[:-1], {}, **kw)
-
-        monkeypatch.setattr(originals, name, spy)
+    names = ("read_small", "write_bytes", "url_to_fs", "open_output")
+    seen = spy_options(monkeypatch, originals, names)
     out = Output(url, options)
     originals.save_tile(out, (0, 0), originals.object_keys(c, (0, 4), (0, 4)))
     assert originals.is_saved(out, (0, 0))
@@ -727,15 +735,7 @@ def test_the_state_passes_the_users_storage_options(
     url = f"memory://state-{uuid.uuid4().hex}/c.zarr"
     zarr.create_array(url, shape=(4, 4), chunks=(2, 2), dtype="f8")
     options = {"token": "secret"}
-    seen: list[Any] = []
-    for name in ("read_json", "write_bytes", "open_output"):
-        real = getattr(state, name)
-
-        def spy(*args: Any, _real: Any = real, **kw: Any) -> Any:
-            seen.append(args[-1])
-            return _real(*args[:-1], {}, **kw)
-
-        monkeypatch.setattr(state, name, spy)
+    seen = spy_options(monkeypatch, state, ("read_json", "write_bytes", "open_output"))
     out = Output(url, options)
     state._write_state(out, {"fingerprint": "f", "phase": "running"})
     assert state.read_state(out) is not None and state.snapshot(out)["accumulation"]
