@@ -544,3 +544,15 @@ def test_a_lock_record_read_as_it_is_written_is_read_again(tmp_path: Path) -> No
     started = time.monotonic()
     assert lock.read_lock(str(out), None) == {"pid": None, "host": "unknown", "started": 0}
     assert time.monotonic() - started >= lock.NAMING_SECONDS
+
+
+def test_a_lock_file_not_of_ours_and_unlocked_is_refused_in_words(out: Path) -> None:
+    """A lock.json nobody holds that this tool did not write is neither taken nor replaced."""
+    (out / "lock.json").write_text('{"owner": "someone else"}')
+    with pytest.raises(UnsafeOutputError) as refused:
+        lock.acquire(str(out), {})
+    assert str(refused.value) == (
+        f"OUT ({out}) holds a lock.json that is not a lock this tool wrote; it will not be "
+        "replaced: move it away or choose another OUT"
+    )
+    assert (out / "lock.json").read_text() == '{"owner": "someone else"}'
