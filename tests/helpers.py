@@ -174,3 +174,12 @@ def cpu_tile_task(
         block_shape=plan.block_shape,
     )
     return plan, spec
+
+
+def refused(done: subprocess.CompletedProcess[str]) -> str:
+    """The one `error:` line of a refusal (exit 2, no traceback)."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, done.stderr
+    return errors[0]

@@ -6,7 +6,6 @@ one."""
 from __future__ import annotations
 
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +18,7 @@ import pytest
 from cluster.handshake import CONNECT_TIMEOUT_S, connect_timeout_s
 from cluster.lifecycle import scheduler_address
 from pipeline.errors import ClusterError
-from tests.helpers import random_matrix, run_cli, write_array
+from tests.helpers import random_matrix, refused, run_cli, write_array
 
 TIMEOUT = {"DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"}
 """The refusals below wait the whole connect timeout: 1 s here (10 s by default)."""
@@ -58,15 +57,6 @@ def http_port() -> Iterator[int]:
     threading.Thread(target=serve, daemon=True).start()
     yield server.getsockname()[1]
     server.close()
-
-
-def refused(done: subprocess.CompletedProcess[str]) -> str:
-    """The one `error:` line of a refusal (exit 2, no traceback)."""
-    assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "Traceback" not in done.stderr, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, done.stderr
-    return errors[0]
 
 
 @pytest.mark.parametrize("dry_run", [False, True], ids=["multiply", "dry-run"])

@@ -23,7 +23,7 @@ from pipeline.store.lock import LOCK_NAME
 from pipeline.store.output import FENCE_WAITS_S, Output
 from tests.child_env import child_env
 from tests.cluster.processes import QUIET_HTTP, read_address, spawn, stop
-from tests.helpers import random_matrix, run_cli, write_array
+from tests.helpers import random_matrix, refused, run_cli, write_array
 
 FAST_CLUSTER = ("--workers", "1", "--dashboard-address", "127.0.0.1:0", "--no-progress")
 
@@ -34,15 +34,6 @@ def inputs(tmp_path: Path) -> tuple[str, str]:
     a = write_array(tmp_path / "a.zarr", random_matrix(rng, (6, 4), "float32"), (3, 2))
     b = write_array(tmp_path / "b.zarr", random_matrix(rng, (4, 5), "float32"), (2, 5))
     return a, b
-
-
-def refused(done: subprocess.CompletedProcess[str]) -> str:
-    """The one `error:` line of a refusal (exit 2, no traceback)."""
-    assert done.returncode == 2, (done.returncode, done.stderr)
-    assert "Traceback" not in done.stderr, done.stderr
-    errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, done.stderr
-    return errors[0]
 
 
 def nested_json(path: Path) -> None:
