@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from pipeline.errors import UnsafeOutputError
+from pipeline.store import links
 
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -98,7 +99,7 @@ class Door:
         pinned = _pinned_base(self.root)
         base = self.root if pinned is None else pinned[0]
         try:
-            fd = os.open(base, DIR_FLAGS)
+            fd = links.open_folder(base, self.what)  # no link on the way that others planted
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise self._refuse("", "is a symbolic link or not a folder") from e
@@ -479,31 +480,42 @@ def _write_all(fd: int, view: memoryview) -> None:
         written += os.write(fd, view[written:])
 
 
-def create_folder(path: str) -> list[str]:
+@dataclass(frozen=True)
+class Made:
+    """A folder ``create_folder`` made, known by its identity: removed only while it is
+    still that folder (one swapped in at its path meanwhile is someone else's)."""
+
+    path: str
+    identity: tuple[int, int]
+
+
+def create_folder(path: str, what: str = "OUT") -> list[Made]:
     """Create the folder ``path`` and its missing parents, each by name inside its parent's
-    descriptor (a link planted for a missing one is refused, never followed); returns the
-    folders this call made, outermost first (empty: it was there), so a job that leaves them
-    empty can remove them."""
+    descriptor (the folders above walked under the owner rule of pipeline.store.links; a link
+    planted for a missing one is refused, never followed); returns the folders this call made,
+    outermost first (empty: it was there), so a job that leaves them empty can remove them."""
     path = os.path.abspath(path)
-    head, missing = path, []
-    while not os.path.lexists(head):
-        missing.append(os.path.basename(head))
-        head = os.path.dirname(head)
-    made: list[str] = []
-    fd = os.open(head, os.O_RDONLY | O_DIRECTORY | O_CLOEXEC)  # the user's own path
+    found = links.walk(path, what)
+    fd, head = found.fd, found.path
+    made: list[Made] = []
     try:
-        for name in reversed(missing):
+        if found.kind == "file":
+            raise NotADirectoryError(errno.ENOTDIR, "a file on the way", path)
+        for name in found.missing:
             head = os.path.join(head, name)
             try:
                 os.mkdir(name, 0o777, dir_fd=fd)
-                made.append(head)
+                mine = True
             except FileExistsError:
-                pass  # made by someone else meanwhile: theirs
+                mine = False  # made by someone else meanwhile: theirs
             child = os.open(name, DIR_FLAGS, dir_fd=fd)
             os.close(fd)
             fd = child
+            if mine:
+                st = os.fstat(fd)
+                made.append(Made(head, (st.st_dev, st.st_ino)))
     except OSError as e:
-        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+        if e.errno in (errno.ELOOP, errno.ENOTDIR) and found.kind != "file":
             raise UnsafeOutputError(f"{head} is a symbolic link or a file, not a folder") from e
         raise
     finally:
@@ -511,11 +523,21 @@ def create_folder(path: str) -> list[str]:
     return made
 
 
-def remove_empty_folders(paths: list[str]) -> None:
-    """Remove the folders ``paths`` (outermost first) while they are empty, innermost first
-    (``rmdir`` never follows a link and never removes a folder holding anything)."""
-    for folder in reversed(paths):
+def remove_empty_folders(made: list[Made], what: str = "OUT") -> None:
+    """Remove the folders ``made`` (outermost first) while they are empty, innermost first;
+    one that is no longer the folder made (swapped meanwhile) stays, and so do those above."""
+    for folder in reversed(made):
+        head, name = os.path.split(folder.path)
         try:
-            os.rmdir(folder)
+            parent = links.open_folder(head, what)
+        except (OSError, UnsafeOutputError):
+            return
+        try:
+            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+            if (st.st_dev, st.st_ino) != folder.identity:
+                return
+            os.rmdir(name, dir_fd=parent)
         except OSError:
             return
+        finally:
+            os.close(parent)

@@ -10,6 +10,7 @@ from typing import Any
 import fsspec
 
 from pipeline.errors import InputError, InputNotFoundError, UnsafeOutputError, UsageError
+from pipeline.store import links
 from pipeline.store.door import SMALL_READ_BYTES, Door
 
 
@@ -17,7 +18,9 @@ def url_to_fs(url: str, storage_options: dict[str, Any] | None) -> tuple[Any, st
     """The fsspec file system and path of a URL (or local path)."""
     check_archive(url, "")
     try:
-        fs, path = fsspec.core.url_to_fs(url, **(fsspec_options(url, storage_options) or {}))
+        fs, path = fsspec.core.url_to_fs(
+            normalize_url(url), **(fsspec_options(url, storage_options) or {})
+        )
     except (ImportError, ValueError) as e:
         raise UsageError(f"cannot open {url}: {e}") from e
     return fs, str(path)
@@ -235,6 +238,7 @@ def resolve_url(url: str, name: str) -> str:
     refused rather than guessed at)."""
     local = local_path(normalize_url(url))
     if local is not None:
+        links.check(local, name)  # no link on the way that another user planted
         _refuse_dangling(local, name)
         return os.path.realpath(local)
     if "::" in url:  # a chained URL (zip://PATH::ARCHIVE): read-only inputs, left as given
@@ -291,7 +295,10 @@ def local_path(url: str) -> str | None:
     URLs."""
     for scheme in LOCAL_SCHEMES:
         if url.startswith(scheme):
-            return url.removeprefix(scheme)
+            rest = url.removeprefix(scheme)
+            # RFC 8089: file://localhost/PATH is /PATH here (fsspec would make it relative)
+            host, slash, _ = rest.partition("/")
+            return rest[len(host) :] if slash and host.lower() == "localhost" else rest
     return None if "://" in url else url
 
 

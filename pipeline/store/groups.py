@@ -18,7 +18,7 @@ from pipeline.errors import PipelineError
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.store.chunks.input_store import InputStore
 from pipeline.store.direct import OutStore
-from pipeline.store.door import Door
+from pipeline.store.door import Door, Made
 from pipeline.store.fs import fsspec_options, local_path
 
 log = logging.getLogger("pipeline")
@@ -125,12 +125,12 @@ class NewGroup:
             os.close(self.fd)
 
 
-def new_group(url: str, made: list[str]) -> NewGroup | None:
+def new_group(url: str, made: list[Made]) -> NewGroup | None:
     """Where a claim made OUT's parent folder (``res.zarr`` of ``res.zarr/C``), the folder
     becomes a Zarr group: xarray opens groups, not arrays, so ``xr.open_zarr("res.zarr")``
     then holds OUT. None where the parent was there already (or is not local)."""
     local = local_path(url)
-    if local is None or os.path.dirname(os.path.abspath(local)) not in made:
+    if local is None or os.path.dirname(os.path.abspath(local)) not in {m.path for m in made}:
         return None
     try:
         return NewGroup(os.path.dirname(os.path.abspath(local)))

@@ -207,7 +207,7 @@ class Output:
                 group.close()
             door.remove_empty_folders(created[:-1])
 
-    def _make_folder(self) -> list[str]:
+    def _make_folder(self) -> list[door.Made]:
         """Create a local OUT's folder (and missing parents) exclusively: the folders made."""
         path = local_path(self.url)
         if path is None:

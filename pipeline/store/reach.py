@@ -14,8 +14,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 
-from pipeline.errors import UnsafeOutputError
+from pipeline.errors import InputError, UnsafeOutputError
+from pipeline.store import deputy
 from pipeline.store.fs import local_path
+from pipeline.store.links import owner_name
 
 Identity = tuple[int, int]
 
@@ -102,18 +104,53 @@ def _marks(st: os.stat_result) -> str:
 def check_apart(what: str, url: str, inputs: list[tuple[str, str]]) -> None:
     """Refuse a local ``what`` (OUT, or C) at ``url`` that reaches a folder or file one of
     ``inputs`` (name, URL) reaches, links followed: an input's ``c/`` linked into OUT, OUT's
-    into an input. By identity, not by name; object stores have neither links nor inodes."""
+    into an input. By identity, not by name; object stores have neither links nor inodes.
+    A local input's files reached through another user's link are checked too
+    (``check_readable``), before any work."""
     local = local_path(url)
-    if local is None:
-        return
-    out = reach(local)
+    out = None if local is None else reach(local)
     for name, other in inputs:
         path = local_path(other)
-        hit = None if path is None else shared(out, reach(path))
+        if path is None:
+            continue
+        found = reach(path)
+        check_readable(name, other, path, found)
+        hit = None if out is None else shared(out, found)
         if hit is not None:
             raise UnsafeOutputError(
                 f"{what} ({url}) and input {name} ({other}) reach the same folder or file "
                 f"({what}'s {hit[0] or '.'} is {name}'s {hit[1] or '.'}, through a link); "
                 f"inputs are never written: choose a {what} apart from every input, or remove "
                 "the link"
+            )
+
+
+def check_readable(name: str, url: str, path: str, found: Reach) -> None:
+    """Refuse input ``name`` when a file it reaches through another user's link is one that
+    user could not read (pipeline.store.deputy); the reads check each file again as they
+    open it, hard links included."""
+    above, _ = deputy.planters_on(path)
+    linked = set(found.links)
+    if not above and not linked:
+        return
+    for rel in found.files:
+        parts = rel.split("/")
+        if not above and not any(
+            "/".join(parts[:end]) in linked for end in range(1, len(parts) + 1)
+        ):
+            continue
+        full = os.path.join(path, rel) if rel else path
+        try:
+            st = os.stat(full)
+        except OSError:
+            continue  # gone meanwhile: its read says so
+        uid = deputy.unreadable_by(full, st)
+        if uid is not None:
+            where = os.path.realpath(full)
+            raise InputError(
+                f"{name} ({url}): {rel or '.'} is reached through a symbolic link made by "
+                f"{owner_name(uid)}, who cannot read the file it leads to ({where}: "
+                f"mode {stat.S_IMODE(st.st_mode):04o}, owner {owner_name(st.st_uid)}); a link "
+                "inside an input is followed only to what its owner could read: copy the data "
+                "into the input, or remove the link"
             )

@@ -15,7 +15,7 @@ import zarr
 
 from pipeline import prepare
 from pipeline.errors import InputError
-from pipeline.store import coordinates, groups
+from pipeline.store import coordinates, door, groups
 from pipeline.store.coordinates import sibling
 from pipeline.store.output import Output
 from tests.helpers import run_cli
@@ -176,7 +176,7 @@ def test_a_failed_job_takes_its_new_group_away(tmp_path: Path) -> None:
 
 def test_a_group_document_not_ours_stays(tmp_path: Path) -> None:
     out = tmp_path / "res.zarr" / "C"
-    made = [str(tmp_path / "res.zarr"), str(out)]
+    made = [door.Made(str(tmp_path / "res.zarr"), (0, 0)), door.Made(str(out), (0, 0))]
     os.makedirs(out)
     group = groups.new_group(str(out), made)
     assert group is not None

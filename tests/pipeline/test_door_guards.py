@@ -564,7 +564,7 @@ def test_partial_name_is_zarrs_spelling() -> None:
 
 def test_create_folder_makes_the_missing_ones_outermost_first(tmp_path: Path) -> None:
     made = create_folder(str(tmp_path / "a" / "b" / "c"))
-    assert made == [str(tmp_path / "a"), str(tmp_path / "a" / "b"), str(tmp_path / "a/b/c")]
+    assert [m.path for m in made] == [str(tmp_path / p) for p in ("a", "a/b", "a/b/c")]
     assert create_folder(str(tmp_path / "a" / "b" / "c")) == []
     (tmp_path / "a" / "b" / "c" / "f").write_bytes(b"x")
     remove_empty_folders(made)  # c holds a file: it stays, and so do its parents
@@ -578,10 +578,14 @@ def test_create_folder_makes_the_missing_ones_outermost_first(tmp_path: Path) ->
 def test_create_folder_refuses_a_link_planted_for_a_missing_one(
     tmp_path: Path, victim: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "a").symlink_to(victim.parent)
-    lexists = os.path.lexists
-    # as if the link appeared after the folder was found missing
-    monkeypatch.setattr(door_module.os.path, "lexists", lambda p: lexists(p) and "/a" not in p)
+    mkdir = os.mkdir
+
+    def planted_first(name: str, mode: int = 0o777, *, dir_fd: int | None = None) -> None:
+        if name == "a":  # as if the link appeared after the folder was found missing
+            os.symlink(victim.parent, tmp_path / "a")
+        mkdir(name, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(door_module.os, "mkdir", planted_first)
     with pytest.raises(UnsafeOutputError) as refused:
         create_folder(str(tmp_path / "a" / "b"))
     assert str(refused.value) == f"{tmp_path / 'a'} is a symbolic link or a file, not a folder"
@@ -655,7 +659,7 @@ def test_what_the_door_makes_has_the_usual_modes(root: Path) -> None:
         made = create_folder(str(root / "c" / "d"))
     finally:
         os.umask(umask)
-    assert made == [str(root / "c"), str(root / "c" / "d")]
+    assert [m.path for m in made] == [str(root / "c"), str(root / "c" / "d")]
     for folder in ("a", "a/b", "c", "c/d"):
         assert stat.S_IMODE(os.stat(root / folder).st_mode) == 0o755, folder
     assert stat.S_IMODE(os.stat(root / "a" / "f").st_mode) == 0o644

@@ -1,0 +1,183 @@
+"""Which links this tool follows, whatever the kernel's ``fs.protected_symlinks`` says.
+
+Writes (OUT, C, the report and every folder above them): Linux's rule for sticky folders, made
+stricter. A link is followed only when the caller owns it, when its folder is writable by
+nobody but its owner, or when the folder's owner made the link. Otherwise another user who can
+write that folder (a shared 1777 or 2775 project folder) could have pointed it anywhere the
+caller may write: refused, naming the link and its owner. Paths are walked from ``/`` one
+component at a time with ``O_NOFOLLOW`` under the parent's descriptor, each link checked
+before it is followed, so a link swapped in after a check is met by the next walk.
+
+A link another user made, followed, must also lead only into a folder that user could write
+(pipeline.store.deputy, which also holds the rule for reads).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+from collections import deque
+from dataclasses import dataclass
+
+from pipeline.errors import UnsafeOutputError
+from pipeline.store import deputy
+
+O_PATH = getattr(os, "O_PATH", 0)
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+O_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+PATH_FLAGS = (O_PATH or os.O_RDONLY) | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+"""A folder passed through: ``O_PATH`` needs only the right to search it, as a path does."""
+OPEN_FLAGS = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
+MAX_LINKS = 40
+"""Links followed on one path before it is taken for a loop (Linux's own limit)."""
+OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
+
+
+def may_follow(link: os.stat_result, folder: os.stat_result, uid: int | None = None) -> bool:
+    """The owner rule: the caller's link, a link in a folder only its owner can write, or a
+    link the folder's owner made."""
+    uid = os.geteuid() if uid is None else uid
+    return link.st_uid == uid or not folder.st_mode & OTHERS_WRITE or link.st_uid == folder.st_uid
+
+
+def owner_name(uid: int) -> str:
+    """``alice (uid 1001)``, or ``uid 1001`` for a uid without a name."""
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+@dataclass
+class Walked:
+    """Where a walk of a path ended."""
+
+    fd: int
+    """The last component found (a folder unless ``kind`` says otherwise), open; the caller
+    closes it."""
+    path: str
+    """Its location, links resolved."""
+    missing: list[str]
+    """The components below it that do not exist (empty: the whole path was found)."""
+    kind: str = "dir"
+    """``dir``, or ``file`` when the path ends at (or passes through) something else."""
+
+
+def walk(path: str, what: str) -> Walked:
+    """Follow ``path`` from ``/`` under the owner rule to the last folder found (opened with
+    ``O_PATH``). A link the rule refuses, or a loop, is an UnsafeOutputError naming ``what``;
+    a file on the way ends the walk there."""
+    given = path
+    parts = deque(p for p in os.path.abspath(path).split("/") if p)
+    fd = os.open("/", PATH_FLAGS)
+    where, followed = "/", 0
+    planted: dict[int, str] = {}  # owners of links not the caller's (nor root's) -> one link
+    try:
+        while parts:
+            part = parts.popleft()
+            if part == ".":
+                continue
+            try:
+                child = os.open(part, PATH_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                _check_deputy(given, what, planted, fd, where)
+                return Walked(fd, where, [part, *parts])
+            except OSError as e:
+                if e.errno not in (errno.ENOTDIR, errno.ELOOP):
+                    raise
+                found = os.stat(part, dir_fd=fd, follow_symlinks=False)
+                if not stat.S_ISLNK(found.st_mode):
+                    _check_deputy(given, what, planted, fd, where)
+                    return Walked(fd, where, [part, *parts], kind="file")
+                followed += 1
+                _check_link(given, what, found, fd, _join(where, part), followed)
+                if not deputy.trusted(found.st_uid):
+                    planted.setdefault(found.st_uid, _join(where, part))
+                target = os.readlink(part, dir_fd=fd)
+                parts.extendleft(reversed([p for p in target.split("/") if p]))
+                if target.startswith("/"):
+                    os.close(fd)
+                    fd, where = -1, "/"
+                    fd = os.open("/", PATH_FLAGS)
+                continue
+            os.close(fd)
+            fd = child
+            where = os.path.dirname(where) if part == ".." else _join(where, part)
+        _check_deputy(given, what, planted, fd, where)
+        return Walked(fd, where, [])
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        raise
+
+
+def _check_link(
+    given: str, what: str, link: os.stat_result, folder_fd: int, at: str, followed: int
+) -> None:
+    if followed > MAX_LINKS:
+        raise UnsafeOutputError(
+            f"{what} ({given}): more than {MAX_LINKS} symbolic links on the way (a loop at "
+            f"{at}?); give the real location"
+        )
+    folder = os.fstat(folder_fd)
+    if may_follow(link, folder):
+        return
+    raise UnsafeOutputError(
+        f"{what} ({given}): {at} is a symbolic link owned by {owner_name(link.st_uid)} in "
+        f"{os.path.dirname(at)}, a folder others can write (mode "
+        f"{stat.S_IMODE(folder.st_mode):04o}, owner {owner_name(folder.st_uid)}); a link there "
+        "is followed only when you or the folder's owner made it: give the real location, "
+        "or remove the link"
+    )
+
+
+def _check_deputy(given: str, what: str, planted: dict[int, str], fd: int, where: str) -> None:
+    """Another user's link leads only into a folder that user could write themselves."""
+    if not planted:
+        return
+    folder = os.fstat(fd)
+    for uid, link in sorted(planted.items()):
+        if deputy.can(uid, folder, deputy.W | deputy.X) and deputy.reaches(uid, where + "/-"):
+            continue
+        raise UnsafeOutputError(
+            f"{what} ({given}): {link} is a symbolic link owned by {owner_name(uid)}, leading "
+            f"to {where}, which that user cannot write (mode "
+            f"{stat.S_IMODE(folder.st_mode):04o}, owner {owner_name(folder.st_uid)}); this "
+            "tool writes through another user's link only where its owner could: give the "
+            "real location, or remove the link"
+        )
+
+
+def check(path: str, what: str) -> None:
+    """Refuse a local ``path`` (OUT, C, the report) reached through a link the owner rule
+    forbids, anywhere on the way; a missing tail is fine (it will be created)."""
+    with contextlib.suppress(FileNotFoundError):  # a folder above removed meanwhile
+        os.close(walk(path, what).fd)
+
+
+def open_folder(path: str, what: str) -> int:
+    """The folder ``path`` opened for reading: the folders above it walked under the owner
+    rule, its own name opened with ``O_NOFOLLOW`` (a link there raises ELOOP or ENOTDIR, as
+    ``os.open`` does); FileNotFoundError or NotADirectoryError when a folder above is missing
+    or a file."""
+    head, name = os.path.split(os.path.abspath(path))
+    if not name:
+        return os.open("/", OPEN_FLAGS)
+    found = walk(head, what)
+    try:
+        if found.kind == "file":
+            raise NotADirectoryError(errno.ENOTDIR, "a file on the way", path)
+        if found.missing:
+            raise FileNotFoundError(errno.ENOENT, "a folder on the way is missing", path)
+        return os.open(name, OPEN_FLAGS, dir_fd=found.fd)
+    finally:
+        os.close(found.fd)
+
+
+def _join(where: str, part: str) -> str:
+    return f"{where.rstrip('/')}/{part}"
