@@ -483,10 +483,12 @@ def _write_all(fd: int, view: memoryview) -> None:
 @dataclass(frozen=True)
 class Made:
     """A folder ``create_folder`` made, known by its identity: removed only while it is
-    still that folder (one swapped in at its path meanwhile is someone else's)."""
+    still that folder (one swapped in at its path meanwhile is someone else's). Its descriptor
+    stays open until ``remove_empty_folders``, so no other folder can take its inode number."""
 
     path: str
     identity: tuple[int, int]
+    fd: int = -1
 
 
 def create_folder(path: str, what: str = "OUT") -> list[Made]:
@@ -513,8 +515,9 @@ def create_folder(path: str, what: str = "OUT") -> list[Made]:
             fd = child
             if mine:
                 st = os.fstat(fd)
-                made.append(Made(head, (st.st_dev, st.st_ino)))
+                made.append(Made(head, (st.st_dev, st.st_ino), os.dup(fd)))
     except OSError as e:
+        release(made)
         if e.errno in (errno.ELOOP, errno.ENOTDIR) and found.kind != "file":
             raise UnsafeOutputError(f"{head} is a symbolic link or a file, not a folder") from e
         raise
@@ -526,18 +529,35 @@ def create_folder(path: str, what: str = "OUT") -> list[Made]:
 def remove_empty_folders(made: list[Made], what: str = "OUT") -> None:
     """Remove the folders ``made`` (outermost first) while they are empty, innermost first;
     one that is no longer the folder made (swapped meanwhile) stays, and so do those above."""
-    for folder in reversed(made):
-        head, name = os.path.split(folder.path)
-        try:
-            parent = links.open_folder(head, what)
-        except (OSError, UnsafeOutputError):
-            return
-        try:
-            st = os.stat(name, dir_fd=parent, follow_symlinks=False)
-            if (st.st_dev, st.st_ino) != folder.identity:
+    try:
+        for folder in reversed(made):
+            if not _remove_made(folder, what):
                 return
-            os.rmdir(name, dir_fd=parent)
-        except OSError:
-            return
-        finally:
-            os.close(parent)
+    finally:
+        release(made)
+
+
+def _remove_made(folder: Made, what: str) -> bool:
+    head, name = os.path.split(folder.path)
+    try:
+        parent = links.open_folder(head, what)
+    except (OSError, UnsafeOutputError):
+        return False
+    try:
+        st = os.stat(name, dir_fd=parent, follow_symlinks=False)
+        if (st.st_dev, st.st_ino) != folder.identity:
+            return False
+        os.rmdir(name, dir_fd=parent)
+    except OSError:
+        return False
+    finally:
+        os.close(parent)
+    return True
+
+
+def release(made: list[Made]) -> None:
+    """Close the descriptors ``create_folder`` kept (the folders stay)."""
+    for folder in made:
+        if folder.fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(folder.fd)

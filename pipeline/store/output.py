@@ -260,7 +260,8 @@ class Output:
             attrs["_ARRAY_DIMENSIONS"] = list(dimension_names)
         local = local_path(self.url)
         if local is not None:
-            door.create_folder(local)  # claimed already in a job; here for direct callers
+            # claimed already in a job; here for direct callers
+            door.release(door.create_folder(local))
         store, options = self.store()
         array = zarr.create_array(
             store,

@@ -1,0 +1,295 @@
+"""A second user's links in shared folders never steer the tool: the owner rule on OUT, C and
+the report's paths (pipeline.store.links), and no confused deputy on reads or writes
+(pipeline.store.deputy). The rules' own tests first (any user); then the attacks as a second,
+unprivileged user plants them and root runs the job (root only: dropping to another uid needs
+it)."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from pipeline.errors import StoredObjectError, UnsafeOutputError
+from pipeline.store import deputy, door, links
+from pipeline.store.chunks.input_store import open_checked
+from pipeline.store.fs import local_path
+from tests.helpers import refused, run_cli, write_array
+
+PLANTER = 65534
+"""The second user: ``nobody`` on Debian, in no group of root's."""
+SECRET = 7.77e77
+"""What only root can read: found in OUT, it leaked."""
+QUIET = ("--workers", "1", "--no-progress", "--dashboard-address", "127.0.0.1:0")
+
+
+def fake_stat(mode: int, uid: int, gid: int = 0, nlink: int = 1) -> os.stat_result:
+    return os.stat_result((mode, 1, 1, nlink, uid, gid, 0, 0, 0, 0))
+
+
+# -- the rules ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("link_uid", "folder_mode", "folder_uid", "follows"),
+    [
+        (500, stat.S_IFDIR | 0o1777, 0, True),  # the caller's own link, anywhere
+        (600, stat.S_IFDIR | 0o1777, 0, False),  # another's link in a shared folder
+        (600, stat.S_IFDIR | 0o2775, 500, False),  # ... in a group-writable one
+        (600, stat.S_IFDIR | 0o0777, 0, False),  # ... in a world-writable one, not sticky
+        (600, stat.S_IFDIR | 0o0755, 0, True),  # a folder only its owner writes
+        (600, stat.S_IFDIR | 0o2775, 600, True),  # the folder's owner made it
+    ],
+)
+def test_the_owner_rule(link_uid: int, folder_mode: int, folder_uid: int, follows: bool) -> None:
+    link = fake_stat(stat.S_IFLNK | 0o777, link_uid)
+    assert links.may_follow(link, fake_stat(folder_mode, folder_uid), uid=500) is follows
+
+
+@pytest.mark.parametrize(
+    ("mode", "uid", "gid", "want", "allowed"),
+    [
+        (0o600, 0, 0, deputy.R, False),  # root's private file
+        (0o644, 0, 0, deputy.R, True),
+        (0o640, 0, 12345, deputy.R, False),  # a group the user is not in
+        (0o600, 600, 0, deputy.R, True),  # the user's own
+        (0o066, 600, 0, deputy.R, False),  # the owner's bits decide for the owner
+        (0o755, 0, 0, deputy.W | deputy.X, False),
+        (0o777, 0, 0, deputy.W | deputy.X, True),
+    ],
+)
+def test_what_a_user_may_do_by_mode(
+    mode: int, uid: int, gid: int, want: int, allowed: bool
+) -> None:
+    st = fake_stat(stat.S_IFREG | mode, uid, gid)
+    assert deputy.can(600, st, want) is allowed
+    assert deputy.can(0, st, want)  # root may do anything
+
+
+def test_the_callers_own_links_are_followed(tmp_path: Path) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "shared").mkdir(mode=0o1777)
+    os.chmod(tmp_path / "shared", 0o1777)
+    (tmp_path / "shared" / "mine").symlink_to(tmp_path / "real")
+    found = links.walk(str(tmp_path / "shared" / "mine" / "new.zarr"), "OUT")
+    os.close(found.fd)
+    assert (found.path, found.missing) == (str(tmp_path / "real"), ["new.zarr"])
+
+
+def test_a_loop_of_links_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "x").symlink_to(tmp_path / "y")
+    (tmp_path / "y").symlink_to(tmp_path / "x")
+    with pytest.raises(UnsafeOutputError, match="more than 40 symbolic links"):
+        links.check(str(tmp_path / "x" / "out.zarr"), "OUT")
+
+
+def test_a_folder_swapped_in_where_one_was_made_stays(tmp_path: Path) -> None:
+    made = door.create_folder(str(tmp_path / "shared" / "out.zarr"))
+    os.rmdir(tmp_path / "shared" / "out.zarr")
+    (tmp_path / "shared" / "out.zarr").mkdir()  # another user's, at the same path
+    door.remove_empty_folders(made)
+    assert (tmp_path / "shared" / "out.zarr").is_dir()
+
+
+def test_file_localhost_is_the_local_path() -> None:
+    assert local_path("file://localhost/tmp/x.zarr") == "/tmp/x.zarr"
+    assert local_path("file:///tmp/x.zarr") == "/tmp/x.zarr"
+    assert local_path("file://a.zarr") == "a.zarr"  # fsspec's relative spelling stays
+
+
+def test_a_file_localhost_out_lands_at_its_path(tmp_path: Path) -> None:
+    a = write_array(tmp_path / "a.zarr", np.eye(4), (4, 4))
+    done = run_cli("multiply", a, a, f"file://localhost{tmp_path}/o.zarr", *QUIET, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "localhost").exists()
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "o.zarr"))[:], np.eye(4))
+
+
+# -- a second user (root runs the jobs) ----------------------------------------------------------
+
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="planting as a second user needs root to drop to another uid"
+)
+
+
+def as_planter(*argv: str) -> None:
+    subprocess.run(argv, check=True, user=PLANTER, group=PLANTER, extra_groups=[])
+
+
+@pytest.fixture
+def site() -> Iterator[Path]:
+    """``shared`` (1777: anyone plants there), ``private`` (root's, 0700) holding an empty
+    ``target`` folder and a ``secret`` file (0600) laid out as a 4x4 float64 chunk; in a
+    folder of its own the planter can reach (pytest's are root's alone)."""
+    with tempfile.TemporaryDirectory(prefix="planted-") as folder:
+        os.chmod(folder, 0o755)
+        yield _site(Path(folder))
+
+
+def _site(tmp_path: Path) -> Path:
+    (tmp_path / "shared").mkdir()
+    os.chmod(tmp_path / "shared", 0o1777)
+    (tmp_path / "private" / "target").mkdir(parents=True)
+    os.chmod(tmp_path / "private", 0o700)
+    secret = tmp_path / "private" / "secret"
+    secret.write_bytes(np.full((4, 4), SECRET).tobytes())
+    os.chmod(secret, 0o600)
+    write_array(tmp_path / "a.zarr", np.eye(8), (4, 4))
+    return tmp_path
+
+
+def planters_input(site: Path, zarr_format: int = 3) -> Path:
+    """An uncompressed 8x8 input of the planter's in the shared folder."""
+    path = site / "shared" / "in.zarr"
+    zarr.create_array(
+        str(path), data=np.ones((8, 8)), chunks=(4, 4), compressors=None, zarr_format=zarr_format
+    )
+    subprocess.run(["chown", "-R", f"{PLANTER}:{PLANTER}", str(path)], check=True)
+    return path
+
+
+def first_chunk(array: Path, zarr_format: int) -> Path:
+    return array / ("c/0/0" if zarr_format == 3 else "0.0")
+
+
+def untouched(site: Path) -> None:
+    assert os.listdir(site / "private" / "target") == []
+    assert sorted(os.listdir(site / "private")) == ["secret", "target"]
+
+
+@needs_root
+@pytest.mark.parametrize("command", ["multiply", "gram"])
+def test_a_planted_link_at_out_is_refused(site: Path, command: str) -> None:
+    out = site / "shared" / "out.zarr"
+    as_planter("ln", "-s", str(site / "private" / "target"), str(out))
+    inputs = ("a.zarr", "a.zarr") if command == "multiply" else ("a.zarr",)
+    line = refused(run_cli(command, *inputs, "shared/out.zarr", *QUIET, cwd=site))
+    assert f"{out} is a symbolic link owned by nobody (uid {PLANTER})" in line
+    assert "mode 1777" in line
+    untouched(site)
+
+
+@needs_root
+def test_a_planted_link_above_out_is_refused(site: Path) -> None:
+    as_planter("ln", "-s", str(site / "private"), str(site / "shared" / "proj"))
+    line = refused(
+        run_cli("multiply", "a.zarr", "a.zarr", "shared/proj/out.zarr", *QUIET, cwd=site)
+    )
+    assert f"{site}/shared/proj is a symbolic link owned by nobody" in line
+    untouched(site)
+
+
+@needs_root
+def test_a_planted_link_at_the_report_is_refused(site: Path) -> None:
+    as_planter("ln", "-s", str(site / "private" / "target"), str(site / "shared" / "logs"))
+    done = run_cli(
+        "multiply", "a.zarr", "a.zarr", "out.zarr", "--report", "shared/logs/r.json", *QUIET,
+        cwd=site,
+    )  # fmt: skip
+    assert "symbolic link owned by nobody" in refused(done)
+    untouched(site)
+    assert not (site / "out.zarr").exists()
+
+
+@needs_root
+def test_a_group_writable_folder_is_shared_too(site: Path) -> None:
+    group = site / "group"
+    group.mkdir()
+    os.chown(group, 0, PLANTER)
+    os.chmod(group, 0o2775)
+    subprocess.run(  # the planter in the folder's group, as a lab's members are
+        ["ln", "-s", str(site / "private" / "target"), str(group / "out.zarr")],
+        check=True, user=PLANTER, group=PLANTER, extra_groups=[PLANTER],
+    )  # fmt: skip
+    line = refused(run_cli("multiply", "a.zarr", "a.zarr", "group/out.zarr", *QUIET, cwd=site))
+    assert "mode 2775" in line
+    untouched(site)
+
+
+@needs_root
+def test_a_link_in_the_planters_own_folder_leads_only_where_they_could_write(
+    site: Path,
+) -> None:
+    own = site / "shared" / "theirs"
+    as_planter("mkdir", "-m", "755", str(own))
+    as_planter("ln", "-s", str(site / "private"), str(own / "p"))
+    line = refused(run_cli("multiply", "a.zarr", "a.zarr", "shared/theirs/p/o.zarr", *QUIET,
+                           cwd=site))  # fmt: skip
+    assert f"leading to {site}/private, which that user cannot write" in line
+    untouched(site)
+    open_to_all = site / "scratch"
+    open_to_all.mkdir()
+    os.chmod(open_to_all, 0o777)
+    as_planter("ln", "-s", str(open_to_all), str(own / "s"))
+    done = run_cli("multiply", "a.zarr", "a.zarr", "shared/theirs/s/o.zarr", *QUIET, cwd=site)
+    assert done.returncode == 0, done.stderr  # the planter could have written there anyway
+    np.testing.assert_array_equal(zarr.open_array(str(open_to_all / "o.zarr"))[:], np.eye(8))
+
+
+@needs_root
+def test_roots_own_link_in_a_shared_folder_is_followed(site: Path) -> None:
+    (site / "shared" / "mine").symlink_to(site / "private" / "target")
+    done = run_cli("multiply", "a.zarr", "a.zarr", "shared/mine", *QUIET, cwd=site)
+    assert done.returncode == 0, done.stderr
+    assert zarr.open_array(str(site / "private" / "target"))[0, 0] == 1.0
+
+
+@needs_root
+@pytest.mark.parametrize("zarr_format", [2, 3])
+@pytest.mark.parametrize("command", ["multiply", "gram"])
+def test_an_input_chunk_linked_to_a_file_its_owner_cannot_read_is_refused(
+    site: Path, zarr_format: int, command: str
+) -> None:
+    chunk = first_chunk(planters_input(site, zarr_format), zarr_format)
+    chunk.unlink()
+    as_planter("ln", "-s", str(site / "private" / "secret"), str(chunk))
+    inputs = ("shared/in.zarr", "a.zarr") if command == "multiply" else ("shared/in.zarr",)
+    done = run_cli(command, *inputs, "out.zarr", *QUIET, cwd=site)
+    line = refused(done)
+    assert f"made by nobody (uid {PLANTER}), who cannot read the file it leads to" in line
+    assert "mode 0600" in line
+    assert not (site / "out.zarr").exists()
+    assert repr(SECRET) not in done.stdout + done.stderr
+
+
+@needs_root
+def test_an_input_folder_linked_past_a_folder_its_owner_cannot_search_is_refused(
+    site: Path,
+) -> None:
+    source = planters_input(site)
+    hidden = site / "private" / "c0"
+    hidden.mkdir()
+    for name in ("0", "1"):
+        (hidden / name).write_bytes(np.full((4, 4), SECRET).tobytes())  # 0644, in a 0700 folder
+    subprocess.run(["rm", "-r", str(source / "c" / "0")], check=True)
+    as_planter("ln", "-s", str(hidden), str(source / "c" / "0"))
+    line = refused(run_cli("multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET, cwd=site))
+    assert "c/0/0 is reached through a symbolic link made by nobody" in line
+
+
+@needs_root
+def test_an_input_link_to_what_its_owner_may_read_is_followed(site: Path) -> None:
+    chunk = first_chunk(planters_input(site), 3)
+    chunk.unlink()
+    readable = site / "public"
+    readable.write_bytes(np.full((4, 4), 2.0).tobytes())
+    as_planter("ln", "-s", str(readable), str(chunk))
+    done = run_cli("multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET, cwd=site)
+    assert done.returncode == 0, done.stderr
+    assert zarr.open_array(str(site / "out.zarr"))[0, 0] == 2.0
+
+
+@needs_root
+def test_a_chunk_linked_after_planning_is_refused_as_it_is_opened(site: Path) -> None:
+    chunk = first_chunk(planters_input(site), 3)
+    chunk.unlink()
+    as_planter("ln", "-s", str(site / "private" / "secret"), str(chunk))
+    with pytest.raises(StoredObjectError, match="who cannot read the file it leads to"):
+        open_checked(str(chunk), 1 << 20, "c/0/0")
