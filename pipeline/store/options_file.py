@@ -11,6 +11,8 @@ from typing import Any
 
 from pipeline.errors import UsageError
 from pipeline.sensitive.values import has_secrets
+from pipeline.store import deputy
+from pipeline.store.links import owner_name
 
 log = logging.getLogger("pipeline")
 
@@ -71,8 +73,15 @@ def read_small_file(path: str, limit: int) -> tuple[bytes, int]:
     _regular(os.stat(path).st_mode)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
-        mode = os.fstat(fd).st_mode
+        opened = os.fstat(fd)
+        mode = opened.st_mode
         _regular(mode)
+        planter = deputy.unreadable_by(path, opened)
+        if planter is not None:  # another user's link must not hand over the caller's file
+            raise NotReadable(
+                f"is reached through a symbolic link made by {owner_name(planter)}, who cannot "
+                "read the file it leads to"
+            )
         pieces, left = [], limit + 1
         while left > 0 and (piece := os.read(fd, left)):
             pieces.append(piece)

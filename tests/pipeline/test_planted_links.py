@@ -293,3 +293,17 @@ def test_a_chunk_linked_after_planning_is_refused_as_it_is_opened(site: Path) ->
     as_planter("ln", "-s", str(site / "private" / "secret"), str(chunk))
     with pytest.raises(StoredObjectError, match="who cannot read the file it leads to"):
         open_checked(str(chunk), 1 << 20, "c/0/0")
+
+
+@needs_root
+def test_a_storage_options_file_linked_to_roots_file_is_refused(site: Path) -> None:
+    (site / "private" / "opts.json").write_text('{"key": "root-only"}')
+    os.chmod(site / "private" / "opts.json", 0o600)
+    as_planter("ln", "-s", str(site / "private" / "opts.json"), str(site / "shared" / "o.json"))
+    done = run_cli(
+        "multiply", "a.zarr", "a.zarr", "out.zarr", "--storage-options-file", "shared/o.json",
+        *QUIET, cwd=site,
+    )  # fmt: skip
+    line = refused(done)
+    assert "made by nobody (uid 65534), who cannot read the file it leads to" in line
+    assert "root-only" not in done.stderr + done.stdout
