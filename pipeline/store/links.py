@@ -156,7 +156,7 @@ def _check_deputy(given: str, what: str, planted: dict[int, str], fd: int, where
 def check(path: str, what: str) -> None:
     """Refuse a local ``path`` (OUT, C, the report) reached through a link the owner rule
     forbids, anywhere on the way; a missing tail is fine (it will be created)."""
-    with contextlib.suppress(FileNotFoundError):  # a folder above removed meanwhile
+    with contextlib.suppress(OSError):  # a folder above missing or shut: the writes say so
         os.close(walk(path, what).fd)
 
 

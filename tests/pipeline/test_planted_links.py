@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pytest
@@ -145,7 +146,7 @@ def _site(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def planters_input(site: Path, zarr_format: int = 3) -> Path:
+def planters_input(site: Path, zarr_format: Literal[2, 3] = 3) -> Path:
     """An uncompressed 8x8 input of the planter's in the shared folder."""
     path = site / "shared" / "in.zarr"
     zarr.create_array(
@@ -245,7 +246,7 @@ def test_roots_own_link_in_a_shared_folder_is_followed(site: Path) -> None:
 @pytest.mark.parametrize("zarr_format", [2, 3])
 @pytest.mark.parametrize("command", ["multiply", "gram"])
 def test_an_input_chunk_linked_to_a_file_its_owner_cannot_read_is_refused(
-    site: Path, zarr_format: int, command: str
+    site: Path, zarr_format: Literal[2, 3], command: str
 ) -> None:
     chunk = first_chunk(planters_input(site, zarr_format), zarr_format)
     chunk.unlink()
