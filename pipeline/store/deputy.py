@@ -102,18 +102,54 @@ def planters_on(path: str) -> tuple[set[int], str]:
     return owners, where
 
 
-def unreadable_by(path: str, opened: os.stat_result) -> int | None:
-    """The uid of a planter of ``path`` (a link's owner; a hard-linked file's folder owner)
-    who could not read the file ``opened`` there; None when every planter could."""
+def unreadable_by(path: str, opened: os.stat_result) -> tuple[int, str] | None:
+    """(uid, how) of a planter of ``path`` who could not read the file ``opened`` there:
+    ``symbolic link`` (its owner) or ``hard link`` (the owner of the folder holding a file
+    with two names); None when every planter could. (-1, ``moved``) when the path leads
+    elsewhere now: a link swapped after the open, whose maker is unknown."""
     owners, resolved = planters_on(path)
+    try:
+        if not os.path.samestat(os.stat(resolved), opened):
+            return -1, "moved"
+    except OSError:
+        return -1, "moved"
+    found = {uid: "symbolic link" for uid in owners}
     if opened.st_nlink > 1:
         try:
             folder = os.stat(os.path.dirname(resolved))
         except OSError:
             folder = None
         if folder is not None and not trusted(folder.st_uid):
-            owners.add(folder.st_uid)
-    for uid in sorted(owners):
+            found.setdefault(folder.st_uid, "hard link")
+    for uid, how in sorted(found.items()):
         if not can(uid, opened, R) or not reaches(uid, resolved):
-            return uid
+            return uid, how
     return None
+
+
+def refusal(path: str, opened: os.stat_result) -> str | None:
+    """Why the file ``opened`` at ``path`` must not be read, in words that follow "is"; None
+    when it may be."""
+    found = unreadable_by(path, opened)
+    if found is None:
+        return None
+    uid, how = found
+    if how == "moved":
+        return "reached through a path that changed as it was opened (a link swapped meanwhile)"
+    made = "made by" if how == "symbolic link" else "in a folder of"
+    return (
+        f"reached through a {how} {made} {owner_name(uid)}, who cannot read the file it "
+        f"leads to ({os.path.realpath(path)}: mode {stat.S_IMODE(opened.st_mode):04o}, owner "
+        f"{owner_name(opened.st_uid)}); a link inside an input is followed only to what its "
+        "maker could read"
+    )
+
+
+def owner_name(uid: int) -> str:
+    """``alice (uid 1001)``, or ``uid 1001`` for a uid without a name."""
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"

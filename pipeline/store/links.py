@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from pipeline.errors import UnsafeOutputError
 from pipeline.store import deputy
+from pipeline.store.deputy import owner_name
 
 O_PATH = getattr(os, "O_PATH", 0)
 O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -41,16 +42,6 @@ def may_follow(link: os.stat_result, folder: os.stat_result, uid: int | None = N
     link the folder's owner made."""
     uid = os.geteuid() if uid is None else uid
     return link.st_uid == uid or not folder.st_mode & OTHERS_WRITE or link.st_uid == folder.st_uid
-
-
-def owner_name(uid: int) -> str:
-    """``alice (uid 1001)``, or ``uid 1001`` for a uid without a name."""
-    import pwd
-
-    try:
-        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
-    except KeyError:
-        return f"uid {uid}"
 
 
 @dataclass

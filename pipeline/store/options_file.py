@@ -12,7 +12,6 @@ from typing import Any
 from pipeline.errors import UsageError
 from pipeline.sensitive.values import has_secrets
 from pipeline.store import deputy
-from pipeline.store.links import owner_name
 
 log = logging.getLogger("pipeline")
 
@@ -76,12 +75,9 @@ def read_small_file(path: str, limit: int) -> tuple[bytes, int]:
         opened = os.fstat(fd)
         mode = opened.st_mode
         _regular(mode)
-        planter = deputy.unreadable_by(path, opened)
-        if planter is not None:  # another user's link must not hand over the caller's file
-            raise NotReadable(
-                f"is reached through a symbolic link made by {owner_name(planter)}, who cannot "
-                "read the file it leads to"
-            )
+        problem = deputy.refusal(path, opened)
+        if problem is not None:  # another user's link must not hand over the caller's file
+            raise NotReadable(f"is {problem}")
         pieces, left = [], limit + 1
         while left > 0 and (piece := os.read(fd, left)):
             pieces.append(piece)

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pipeline.errors import InputError, UnsafeOutputError
 from pipeline.store import deputy
 from pipeline.store.fs import local_path
-from pipeline.store.links import owner_name
 
 Identity = tuple[int, int]
 
@@ -34,6 +33,8 @@ class Reach:
     """Relative paths that are links (followed when they lead somewhere)."""
     special: list[str] = field(default_factory=list)
     """Relative paths that are neither a folder nor a regular file (FIFOs, devices, sockets)."""
+    shared_files: list[str] = field(default_factory=list)
+    """Relative paths of regular files with another name too (a hard link)."""
 
 
 def reach(root: str) -> Reach:
@@ -73,6 +74,8 @@ def reach(root: str) -> Reach:
             found.ids.setdefault(key, name)
             if stat.S_ISREG(st.st_mode):
                 found.files[name] = _marks(st)
+                if st.st_nlink > 1:
+                    found.shared_files.append(name)
             else:
                 found.special.append(name)
     return found
@@ -126,31 +129,26 @@ def check_apart(what: str, url: str, inputs: list[tuple[str, str]]) -> None:
 
 
 def check_readable(name: str, url: str, path: str, found: Reach) -> None:
-    """Refuse input ``name`` when a file it reaches through another user's link is one that
-    user could not read (pipeline.store.deputy); the reads check each file again as they
-    open it, hard links included."""
+    """Refuse input ``name`` when a file it reaches through another user's link (or a hard
+    link in another user's folder) is one that user could not read (pipeline.store.deputy);
+    the reads check each file again as they open it."""
     above, _ = deputy.planters_on(path)
-    linked = set(found.links)
-    if not above and not linked:
+    linked, hard = set(found.links), set(found.shared_files)
+    if not above and not linked and not hard:
         return
     for rel in found.files:
         parts = rel.split("/")
-        if not above and not any(
-            "/".join(parts[:end]) in linked for end in range(1, len(parts) + 1)
-        ):
+        through = rel in hard or any("/".join(parts[:n]) in linked for n in range(1, len(parts)))
+        if not above and not through and rel not in linked:
             continue
         full = os.path.join(path, rel) if rel else path
         try:
             st = os.stat(full)
         except OSError:
             continue  # gone meanwhile: its read says so
-        uid = deputy.unreadable_by(full, st)
-        if uid is not None:
-            where = os.path.realpath(full)
+        problem = deputy.refusal(full, st)
+        if problem is not None:
             raise InputError(
-                f"{name} ({url}): {rel or '.'} is reached through a symbolic link made by "
-                f"{owner_name(uid)}, who cannot read the file it leads to ({where}: "
-                f"mode {stat.S_IMODE(st.st_mode):04o}, owner {owner_name(st.st_uid)}); a link "
-                "inside an input is followed only to what its owner could read: copy the data "
-                "into the input, or remove the link"
+                f"{name} ({url}): {rel or '.'} is {problem}: copy the data into the input, "
+                "or remove the link"
             )

@@ -99,6 +99,18 @@ def test_a_folder_swapped_in_where_one_was_made_stays(tmp_path: Path) -> None:
     assert (tmp_path / "shared" / "out.zarr").is_dir()
 
 
+def test_a_path_that_leads_elsewhere_after_the_open_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "a").write_bytes(b"1")
+    (tmp_path / "b").write_bytes(b"2")
+    link = tmp_path / "chunk"
+    link.symlink_to(tmp_path / "a")
+    opened = os.stat(link)
+    assert deputy.refusal(str(link), opened) is None
+    link.unlink()
+    link.symlink_to(tmp_path / "b")  # swapped between the open and the look at its links
+    assert "changed as it was opened" in (deputy.refusal(str(link), opened) or "")
+
+
 def test_file_localhost_is_the_local_path() -> None:
     assert local_path("file://localhost/tmp/x.zarr") == "/tmp/x.zarr"
     assert local_path("file:///tmp/x.zarr") == "/tmp/x.zarr"
@@ -308,3 +320,14 @@ def test_a_storage_options_file_linked_to_roots_file_is_refused(site: Path) -> N
     line = refused(done)
     assert "made by nobody (uid 65534), who cannot read the file it leads to" in line
     assert "root-only" not in done.stderr + done.stdout
+
+
+@needs_root
+def test_a_hard_link_in_the_planters_folder_to_roots_file_is_refused(site: Path) -> None:
+    chunk = first_chunk(planters_input(site), 3)
+    chunk.unlink()
+    os.link(site / "private" / "secret", chunk)  # as protected_hardlinks=0 would let them
+    done = run_cli("multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET, cwd=site)
+    line = refused(done)
+    assert f"c/0/0 is reached through a hard link in a folder of nobody (uid {PLANTER})" in line
+    assert not (site / "out.zarr").exists()

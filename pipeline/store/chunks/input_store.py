@@ -29,7 +29,6 @@ from zarr.storage import LocalStore
 from pipeline.errors import StoredObjectError
 from pipeline.plan.units import format_bytes
 from pipeline.store import deputy
-from pipeline.store.links import owner_name
 
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -72,16 +71,9 @@ def open_checked(path: str, limit: int, key: str) -> tuple[int, int] | None:
 def _check_planters(path: str, opened: os.stat_result, key: str) -> None:
     """A link another user made leads only to what that user could read (else the caller's
     rights would copy it into OUT: pipeline.store.deputy)."""
-    uid = deputy.unreadable_by(path, opened)
-    if uid is not None:
-        raise refusal(
-            key,
-            f"reached through a link made by {owner_name(uid)}, who cannot read the file it "
-            f"leads to (mode {stat.S_IMODE(opened.st_mode):04o}, owner "
-            f"{owner_name(opened.st_uid)}); a link inside an input is followed only to what "
-            "its owner could read",
-            path,
-        )
+    problem = deputy.refusal(path, opened)
+    if problem is not None:
+        raise refusal(key, problem, path)
 
 
 def read_checked(path: str, limit: int, key: str, byte_range: ByteRequest | None = None) -> Any:
