@@ -112,6 +112,11 @@ TARGETS = {
         "pipeline/store/record.py",
         [*OUT_RECORD_UNITS, "tests/pipeline/test_record_guards.py"],
     ),
+    "links": (
+        "pipeline/store/links.py",
+        ["tests/pipeline/test_planted_links.py", "tests/pipeline/test_door_guards.py"],
+    ),
+    "deputy": ("pipeline/store/deputy.py", ["tests/pipeline/test_planted_links.py"]),
     "reach": (
         "pipeline/store/reach.py",
         [
