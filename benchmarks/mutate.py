@@ -155,8 +155,13 @@ TARGETS = {
     "moments": ("pipeline/run/moments.py", ["tests/pipeline/test_moments_guards.py"]),
     "coordinates": (
         "pipeline/store/coordinates.py",
-        ["tests/pipeline/test_coordinates.py", "tests/pipeline/test_coordinates_guards.py"],
+        [
+            "tests/pipeline/test_coordinates.py",
+            "tests/pipeline/test_coordinates_guards.py",
+            "tests/pipeline/test_coordinates_labels.py",
+        ],
     ),
+    "labels": ("pipeline/store/labels.py", ["tests/pipeline/test_coordinates_labels.py"]),
     "band-writer": ("pipeline/run/band_writer.py", ["tests/pipeline/test_band_writer_fence.py"]),
     "verify-standardized": (
         "pipeline/verify/tasks.py",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pipeline.errors import InputError, PipelineError
-from pipeline.store import groups, inputs
+from pipeline.store import groups, inputs, labels
 from pipeline.store.fs import local_path
 
 log = logging.getLogger("pipeline")
@@ -24,9 +24,12 @@ BLOCK_BYTES = 8 << 20
 """Coordinate bytes compared per read: a long dimension is never held whole, twice."""
 MAX_ITEM_BYTES = 256
 """A coordinate's largest element: longer fixed-width strings (a dtype anyone may declare) are
-not read; the check is skipped."""
-KINDS = "biufcmMSUO"
-"""numpy kinds a coordinate may have: numbers, times, strings (structured ones are skipped)."""
+not read, the check is skipped; a variable-length label is read to this length on average."""
+KINDS = "biufcmMSUOT"
+"""numpy kinds a coordinate may have: numbers, times, strings (numpy's variable-length ones
+too: zarr's ``str``), bytes (structured ones are skipped)."""
+LABELS = "SUOT"
+"""Kinds whose chunks zarr decodes itself (pipeline.store.chunks.bounded caps the others')."""
 ENCODING = ("units", "calendar")
 """CF attributes that give stored numbers their meaning (``days since 2000-01-01``)."""
 
@@ -85,6 +88,11 @@ def _coordinate(
     if dtype.kind not in KINDS or dtype.itemsize > MAX_ITEM_BYTES:
         log.debug("coordinate %s of %s not compared: dtype %s", where, operand, dtype)
         return None
+    if dtype.kind in LABELS:
+        coordinate = labels.capped(coordinate, MAX_ITEM_BYTES)
+        if coordinate is None:
+            log.debug("coordinate %s of %s not compared: its codecs", where, operand)
+            return None
     return Coordinate(operand, dimension, where, coordinate)
 
 
@@ -118,7 +126,7 @@ def _compare(a: Coordinate, b: Coordinate) -> None:
             "--ignore-coordinates to multiply them by position"
         )
     n = a.array.shape[0]
-    step = max(1, BLOCK_BYTES // max(np.dtype(c.array.dtype).itemsize for c in (a, b)))
+    step = max(1, BLOCK_BYTES // max(_item_bytes(np.dtype(c.array.dtype)) for c in (a, b)))
     differ, first = 0, None
     for start in range(0, n, step):
         stop = min(n, start + step)
@@ -143,13 +151,20 @@ def _compare(a: Coordinate, b: Coordinate) -> None:
         return
     index, x, y = first
     units = f" {encodings[0]['units']}" if same_encoding and "units" in encodings[0] else ""
+    times = same_encoding and resolution is not None  # stored CF times: NaT as xarray's
     raise InputError(
         f"{_named(a)} and {_named(b)}, which the product sums over, have coordinates that "
-        f"differ at {differ} of {n} positions, first at index {index}: {_value(x)}{units} "
-        f"({a.url}) against {_value(y)}{units} ({b.url}); xarray would not align them. Select "
-        "matching ranges first (e.g. ds.sel(...) for both), or pass --ignore-coordinates to "
-        "multiply them by position"
+        f"differ at {differ} of {n} positions, first at index {index}: "
+        f"{_shown(x, units, times)} ({a.url}) against {_shown(y, units, times)} ({b.url}); "
+        "xarray would not align them. Select matching ranges first (e.g. ds.sel(...) for "
+        "both), or pass --ignore-coordinates to multiply them by position"
     )
+
+
+def _item_bytes(dtype: np.dtype[Any]) -> int:
+    """What one element can hold: a variable-length label (its itemsize a pointer) up to
+    MAX_ITEM_BYTES."""
+    return MAX_ITEM_BYTES if dtype.kind in "OT" else dtype.itemsize
 
 
 def _read(c: Coordinate, start: int, stop: int) -> np.ndarray[Any, Any]:
@@ -173,6 +188,8 @@ seconds (whose range, 2.9e11 years, holds any origin)."""
 CALENDARS = (None, "standard", "gregorian", "proleptic_gregorian")
 """Calendars numpy's datetime64 keeps (others, such as noleap, are compared as stored)."""
 INT64 = 2**63 - 1
+NAT = -(2**63)
+"""NaT's int64 (datetime64 and timedelta64): also how xarray stores NaT in CF times."""
 
 
 def _resolution(encodings: list[dict[str, str]]) -> str | None:
@@ -186,40 +203,67 @@ def _resolution(encodings: list[dict[str, str]]) -> str | None:
 
 
 def _decoder(encoding: dict[str, str], resolution: str) -> Callable[[Any], Any] | None:
-    """CF times (``days since 2000-01-01``) as datetime64 at ``resolution``, so two encodings
-    of the same times compare equal; None for another calendar or an origin numpy can't read.
-    A value whose time leaves int64's range is a ValueError, never a wrapped time."""
-    unit, _, since = encoding.get("units", "").partition(" since ")
+    """CF times (``days since 2000-01-01``) as datetime64 at ``resolution``, CF durations
+    (``seconds``: xarray's timedelta64) as timedelta64, so two encodings of the same times
+    compare equal; NaT where xarray wrote one (``_missing``); None for another calendar or an
+    origin numpy can't read. A value whose time leaves int64's range is a ValueError, never a
+    wrapped time."""
+    unit, since, text = encoding.get("units", "").partition(" since ")
     if unit not in UNITS or encoding.get("calendar") not in CALENDARS:
         return None
-    text = since.strip().removesuffix("UTC").removesuffix("Z").strip().replace(" ", "T")
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # numpy's warning about a time zone: not decoded
-            origin = int(np.datetime64(text, resolution).astype(np.int64))  # type: ignore[call-overload]
-    except (ValueError, Warning):
+    origin = _origin(text, resolution) if since else 0
+    if origin is None:
         return None
     one = np.timedelta64(1, UNITS[unit])  # type: ignore[call-overload]
     scale = int(one // np.timedelta64(1, resolution))  # type: ignore[call-overload]
+    kind = "M" if since else "m"
 
     def decode(values: Any) -> Any:
-        if values.dtype.kind == "f" and np.isfinite(values).all() and (values % 1 == 0).all():
-            values = values.astype(np.int64)  # whole numbers stored as floats
-        if values.dtype.kind not in "iu":
+        missing = _missing(values)
+        known = values[~missing]
+        if known.dtype.kind == "f" and np.isfinite(known).all() and (known % 1 == 0).all():
+            known = known.astype(np.int64)  # whole numbers stored as floats
+        if known.dtype.kind not in "iu":
             raise ValueError(f"{values.dtype} times in {unit} are not whole numbers")
-        reach = max(abs(int(values.min())), abs(int(values.max()))) if values.size else 0
+        reach = max(abs(int(known.min())), abs(int(known.max()))) if known.size else 0
         if reach > (INT64 - 1 - abs(origin)) // scale:
             raise ValueError(f"a time {reach} {unit} from its origin is beyond datetime64's")
-        return (origin + values.astype(np.int64) * scale).view(f"M8[{resolution}]")
+        times = np.full(values.shape, NAT, dtype=np.int64)
+        times[~missing] = origin + known.astype(np.int64) * scale
+        return times.view(f"{kind}8[{resolution}]")
 
     return decode
 
 
+def _origin(text: str, resolution: str) -> int | None:
+    """``days since 2000-01-01 00:00 UTC``'s origin in ``resolution``s since 1970; None where
+    numpy can't read it (a time zone other than UTC, a word)."""
+    text = text.strip().removesuffix("UTC").removesuffix("Z").strip().replace(" ", "T")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # numpy's warning about a time zone: not decoded
+            origin = np.datetime64(text, resolution)  # type: ignore[call-overload]
+    except (ValueError, Warning):
+        return None
+    return None if np.isnat(origin) else int(origin.astype(np.int64))
+
+
+def _missing(values: Any) -> Any:
+    """Where xarray wrote NaT into CF times: NaN, or int64's least (NaT's own bits)."""
+    if values.dtype.kind == "f":
+        return np.isnan(values)
+    if values.dtype == np.int64:
+        return values == NAT
+    return np.zeros(values.shape, dtype=bool)
+
+
 def _equal(left: np.ndarray[Any, Any], right: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
-    """Elementwise equality, NaN equal to NaN (as xarray's index comparison)."""
+    """Elementwise equality, NaN equal to NaN and NaT to NaT (as xarray's index comparison)."""
     same = np.asarray(left == right)
     if left.dtype.kind in "fc" and right.dtype.kind in "fc":
         same |= np.isnan(left) & np.isnan(right)
+    if left.dtype.kind == right.dtype.kind and left.dtype.kind in "mM":
+        same |= np.isnat(left) & np.isnat(right)
     return same
 
 
@@ -236,7 +280,16 @@ def _named(c: Coordinate) -> str:
     return f"{c.operand}'s dimension {c.dimension!r}"
 
 
+def _shown(value: Any, units: str, times: bool) -> str:
+    """A stored value in its units; NaT where it is one of CF ``times``."""
+    if times and _missing(np.asarray(value)).all():
+        return "NaT"
+    return f"{_value(value)}{units}"
+
+
 def _value(value: Any) -> str:
     if isinstance(value, np.datetime64):
         return str(np.datetime_as_string(value, unit="auto"))
+    if isinstance(value, np.timedelta64):
+        return str(value)  # "5 seconds", "NaT" (its item() is a timedelta, or None)
     return repr(value.item() if isinstance(value, np.generic) else value)
