@@ -15,6 +15,7 @@ import zarr.errors
 from zarr.core.sync import sync
 
 from pipeline.errors import InputError, InputNotFoundError, PipelineError, StoredObjectError
+from pipeline.store.chunks.archive_store import archive_store
 from pipeline.store.chunks.input_store import METADATA_KEYS, InputStore, named
 from pipeline.store.fs import fsspec_options, local_path
 
@@ -45,8 +46,8 @@ def not_an_array(
 
 
 def _open_group(url: str, storage_options: dict[str, Any] | None, name: str) -> Any | None:
-    """The group at ``url``, read-only (local: every document read bounded, as an input's);
-    None when there is none."""
+    """The group at ``url``, read-only (local or in an archive: every document read bounded,
+    as an input's); None when there is none."""
     local = local_path(url)
     try:
         with warnings.catch_warnings():  # AnnData's consolidated metadata, not yet in v3's spec
@@ -54,6 +55,9 @@ def _open_group(url: str, storage_options: dict[str, Any] | None, name: str) -> 
             if local is not None:
                 return zarr.open_group(store=InputStore(local), mode="r")
             options = fsspec_options(url, storage_options)
+            archive = archive_store(url, options)
+            if archive is not None:
+                return zarr.open_group(store=archive, mode="r")
             return zarr.open_group(url, mode="r", storage_options=options)
     except StoredObjectError as e:
         raise named(e, name, url) from e

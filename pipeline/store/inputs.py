@@ -31,6 +31,7 @@ from pipeline.errors import (
 from pipeline.plan.spec import ArraySpec
 from pipeline.store.chunks import sharded as shard_read
 from pipeline.store.chunks import unsharded as chunk_read
+from pipeline.store.chunks.archive_store import archive_path
 from pipeline.store.chunks.bounded import bounded, open_input_array, stored_codec
 from pipeline.store.chunks.input_store import named
 from pipeline.store.chunks.raw import stored_chunks
@@ -62,7 +63,7 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
             f"zip://PATH-IN-ARCHIVE::{os.path.abspath(local)} (e.g. zip://A::...; "
             "zip://::... when the array is the archive's root)"
         )
-    if local is None:
+    if local is None and archive_path(url) is None:  # a local archive: opened by us alone
         _probe(url, storage_options, name)
     try:
         array = open_input_array(url, fsspec_options(url, storage_options))

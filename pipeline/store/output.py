@@ -32,6 +32,7 @@ from pipeline.errors import (
 from pipeline.plan.standardize import MOMENTS_KEY, Standardize
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import door, groups, journal, lock, owned, signature
+from pipeline.store.chunks.archive_store import archive_path
 from pipeline.store.direct import OutStore
 from pipeline.store.fs import (
     check_protocol,
@@ -93,7 +94,7 @@ class Output:
         check_writable(self.url)
         out_key = location(self.url, self.storage_options)
         for name, url in zip(("A", "B", "C"), inputs, strict=False):
-            key = location(url, self.storage_options)
+            key = location(archive_path(url) or url, self.storage_options)  # not opened here
             if out_key == key or inside(out_key, key) or inside(key, out_key):
                 raise UnsafeOutputError(
                     f"OUT ({self.url}) overlaps input {name} ({url}); inputs are never "

@@ -16,6 +16,7 @@ import hashlib
 import json
 from typing import Any
 
+from pipeline.store.chunks.archive_store import archive_path, archive_store
 from pipeline.store.fs import local_path, url_to_fs
 from pipeline.store.reach import reach
 
@@ -31,11 +32,13 @@ Listing = dict[str, str]
 
 def data_listing(url: str, storage_options: dict[str, Any] | None) -> Listing:
     """The input at ``url`` as stored now: every object's name and change marks (a local
-    input's links followed, as its reads follow them, each folder once)."""
+    input's links followed, as its reads follow them, each folder once; a local archive
+    opened as its reads open it)."""
     local = local_path(url)
     if local is not None:
         return reach(local).files
-    fs, root = url_to_fs(url, storage_options)
+    archive = archive_store(url, storage_options) if archive_path(url) else None
+    fs, root = (archive.fs, archive.root) if archive else url_to_fs(url, storage_options)
     root = root.rstrip("/")
     found = fs.find(root, detail=True) if fs.isdir(root) else {root: fs.info(root)}
     listing = {}

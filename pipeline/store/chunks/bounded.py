@@ -41,6 +41,7 @@ from zarr.core.buffer.core import default_buffer_prototype
 from zarr.core.metadata import ArrayMetadata, ArrayV2Metadata
 from zarr.storage import StorePath
 
+from pipeline.store.chunks.archive_store import ArchiveStore, archive_store
 from pipeline.store.chunks.codec_bounds import (
     CHECKSUM_BYTES,
     V3_ARRAY_TO_ARRAY,
@@ -134,15 +135,19 @@ V2 = {name: type(f"Bounded_{name}", (BoundedCompressor,), {"codec_id": name}) fo
 
 def open_input_array(url: str, storage_options: dict[str, Any] | None) -> zarr.Array[Any]:
     """The array at ``url``, read-only (its codecs as stored: see ``bounded``): from local
-    files through an InputStore reading no chunk (or shard) larger than one can take, else as
-    zarr opens the URL. An InputError naming a codec that cannot be bounded."""
+    files through an InputStore, from an archive through an ArchiveStore, each reading no
+    chunk (or shard) larger than one can take; else as zarr opens the URL. An InputError
+    naming a codec that cannot be bounded."""
     local = local_path(url)
-    if local is None:
+    first: InputStore | ArchiveStore | None = (
+        InputStore(local) if local is not None else archive_store(url, storage_options)
+    )
+    if first is None:
         return zarr.open_array(url, mode="r", storage_options=storage_options)
-    array = zarr.open_array(store=InputStore(local), mode="r")  # its metadata only, so far
+    array = zarr.open_array(store=first, mode="r")  # its metadata only, so far
     if not _numeric(array):
         return array
-    store = InputStore(local, chunk_bytes=stored_bytes(array))
+    store = first.with_chunk_bytes(stored_bytes(array))
     config = array.async_array.config
     return zarr.Array(
         AsyncArray(metadata=array.metadata, store_path=StorePath(store), config=config)
