@@ -21,6 +21,7 @@ from zarr.codecs import BloscCodec
 
 from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError
 from pipeline.plan.spec import ArraySpec
+from pipeline.store import door
 from pipeline.store import output as output_module
 from pipeline.store.output import ATTRS_KEY, Output, output_compressors
 from tests.helpers import write_array
@@ -292,7 +293,9 @@ def test_a_folder_that_cannot_be_created(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=f"^{re.escape(want)}$"):
         out._make_folder()
     assert Output("memory://bucket/out.zarr")._make_folder() == []  # no folders there
-    assert Output(str(tmp_path / "new"))._make_folder() == [str(tmp_path / "new")]
+    made = Output(str(tmp_path / "new"))._make_folder()
+    door.release(made)
+    assert [m.path for m in made] == [str(tmp_path / "new")]
     assert Output(str(tmp_path / "new"))._make_folder() == []
 
 
