@@ -331,3 +331,19 @@ def test_a_hard_link_in_the_planters_folder_to_roots_file_is_refused(site: Path)
     line = refused(done)
     assert f"c/0/0 is reached through a hard link in a folder of nobody (uid {PLANTER})" in line
     assert not (site / "out.zarr").exists()
+
+
+@needs_root
+def test_an_archive_linked_to_roots_zip_is_refused(site: Path) -> None:
+    import zipfile
+
+    secret_zip = site / "private" / "a.zip"
+    with zipfile.ZipFile(secret_zip, "w") as archive:
+        for name in os.listdir(site / "a.zarr"):
+            if os.path.isfile(site / "a.zarr" / name):
+                archive.write(site / "a.zarr" / name, f"A/{name}")
+    os.chmod(secret_zip, 0o600)
+    as_planter("ln", "-s", str(secret_zip), str(site / "shared" / "a.zip"))
+    done = run_cli("multiply", "zip://A::shared/a.zip", "a.zarr", "out.zarr", *QUIET, cwd=site)
+    assert f"made by nobody (uid {PLANTER}), who cannot read the file" in refused(done)
+    assert not (site / "out.zarr").exists()

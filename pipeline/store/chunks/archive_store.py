@@ -47,6 +47,7 @@ from zarr.core.common import concurrent_map
 
 from pipeline.errors import InputError, InputNotFoundError, StoredObjectError
 from pipeline.plan.units import format_bytes
+from pipeline.store import deputy
 from pipeline.store.chunks.input_store import KINDS, METADATA_BYTES, is_metadata, refusal
 from pipeline.store.fs import local_path
 
@@ -118,7 +119,11 @@ def _open_local(cls: type[Any], path: str) -> Any:
     except OSError as e:
         raise InputError(f"its archive {path} cannot be read ({e.strerror})") from e
     try:
-        _check_regular(os.fstat(fd).st_mode, path)
+        opened = os.fstat(fd)
+        _check_regular(opened.st_mode, path)
+        problem = deputy.refusal(path, opened)
+        if problem is not None:  # another user's link to a file only the caller may read
+            raise InputError(f"its archive {path} is {problem}")
         raw = io.FileIO(fd, "rb")
     except BaseException:
         os.close(fd)
