@@ -31,6 +31,19 @@ SECRET = 7.77e77
 QUIET = ("--workers", "1", "--no-progress", "--dashboard-address", "127.0.0.1:0")
 
 
+def cli(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """The CLI, each path relative to ``site`` made absolute: run from the checkout, where a
+    mutation run's children find their configuration."""
+    return run_cli(*(_absolute(site, arg) for arg in args))
+
+
+def _absolute(site: Path, arg: str) -> str:
+    if "::" in arg:
+        head, tail = arg.split("::")
+        return f"{head}::{site}/{tail}"
+    return f"{site}/{arg}" if arg.endswith((".zarr", ".json", ".zip", "mine")) else arg
+
+
 def fake_stat(mode: int, uid: int, gid: int = 0, nlink: int = 1) -> os.stat_result:
     return os.stat_result((mode, 1, 1, nlink, uid, gid, 0, 0, 0, 0))
 
@@ -119,7 +132,7 @@ def test_file_localhost_is_the_local_path() -> None:
 
 def test_a_file_localhost_out_lands_at_its_path(tmp_path: Path) -> None:
     a = write_array(tmp_path / "a.zarr", np.eye(4), (4, 4))
-    done = run_cli("multiply", a, a, f"file://localhost{tmp_path}/o.zarr", *QUIET, cwd=tmp_path)
+    done = run_cli("multiply", a, a, f"file://localhost{tmp_path}/o.zarr", *QUIET)
     assert done.returncode == 0, done.stderr
     assert not (tmp_path / "localhost").exists()
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "o.zarr"))[:], np.eye(4))
@@ -183,7 +196,7 @@ def test_a_planted_link_at_out_is_refused(site: Path, command: str) -> None:
     out = site / "shared" / "out.zarr"
     as_planter("ln", "-s", str(site / "private" / "target"), str(out))
     inputs = ("a.zarr", "a.zarr") if command == "multiply" else ("a.zarr",)
-    line = refused(run_cli(command, *inputs, "shared/out.zarr", *QUIET, cwd=site))
+    line = refused(cli(site, command, *inputs, "shared/out.zarr", *QUIET))
     assert f"{out} is a symbolic link owned by nobody (uid {PLANTER})" in line
     assert "mode 1777" in line
     untouched(site)
@@ -192,9 +205,7 @@ def test_a_planted_link_at_out_is_refused(site: Path, command: str) -> None:
 @needs_root
 def test_a_planted_link_above_out_is_refused(site: Path) -> None:
     as_planter("ln", "-s", str(site / "private"), str(site / "shared" / "proj"))
-    line = refused(
-        run_cli("multiply", "a.zarr", "a.zarr", "shared/proj/out.zarr", *QUIET, cwd=site)
-    )
+    line = refused(cli(site, "multiply", "a.zarr", "a.zarr", "shared/proj/out.zarr", *QUIET))
     assert f"{site}/shared/proj is a symbolic link owned by nobody" in line
     untouched(site)
 
@@ -202,10 +213,9 @@ def test_a_planted_link_above_out_is_refused(site: Path) -> None:
 @needs_root
 def test_a_planted_link_at_the_report_is_refused(site: Path) -> None:
     as_planter("ln", "-s", str(site / "private" / "target"), str(site / "shared" / "logs"))
-    done = run_cli(
-        "multiply", "a.zarr", "a.zarr", "out.zarr", "--report", "shared/logs/r.json", *QUIET,
-        cwd=site,
-    )  # fmt: skip
+    done = cli(
+        site, "multiply", "a.zarr", "a.zarr", "out.zarr", "--report", "shared/logs/r.json", *QUIET
+    )
     assert "symbolic link owned by nobody" in refused(done)
     untouched(site)
     assert not (site / "out.zarr").exists()
@@ -219,9 +229,12 @@ def test_a_group_writable_folder_is_shared_too(site: Path) -> None:
     os.chmod(group, 0o2775)
     subprocess.run(  # the planter in the folder's group, as a lab's members are
         ["ln", "-s", str(site / "private" / "target"), str(group / "out.zarr")],
-        check=True, user=PLANTER, group=PLANTER, extra_groups=[PLANTER],
-    )  # fmt: skip
-    line = refused(run_cli("multiply", "a.zarr", "a.zarr", "group/out.zarr", *QUIET, cwd=site))
+        check=True,
+        user=PLANTER,
+        group=PLANTER,
+        extra_groups=[PLANTER],
+    )
+    line = refused(cli(site, "multiply", "a.zarr", "a.zarr", "group/out.zarr", *QUIET))
     assert "mode 2775" in line
     untouched(site)
 
@@ -233,15 +246,14 @@ def test_a_link_in_the_planters_own_folder_leads_only_where_they_could_write(
     own = site / "shared" / "theirs"
     as_planter("mkdir", "-m", "755", str(own))
     as_planter("ln", "-s", str(site / "private"), str(own / "p"))
-    line = refused(run_cli("multiply", "a.zarr", "a.zarr", "shared/theirs/p/o.zarr", *QUIET,
-                           cwd=site))  # fmt: skip
+    line = refused(cli(site, "multiply", "a.zarr", "a.zarr", "shared/theirs/p/o.zarr", *QUIET))
     assert f"leading to {site}/private, which that user cannot write" in line
     untouched(site)
     open_to_all = site / "scratch"
     open_to_all.mkdir()
     os.chmod(open_to_all, 0o777)
     as_planter("ln", "-s", str(open_to_all), str(own / "s"))
-    done = run_cli("multiply", "a.zarr", "a.zarr", "shared/theirs/s/o.zarr", *QUIET, cwd=site)
+    done = cli(site, "multiply", "a.zarr", "a.zarr", "shared/theirs/s/o.zarr", *QUIET)
     assert done.returncode == 0, done.stderr  # the planter could have written there anyway
     np.testing.assert_array_equal(zarr.open_array(str(open_to_all / "o.zarr"))[:], np.eye(8))
 
@@ -249,7 +261,7 @@ def test_a_link_in_the_planters_own_folder_leads_only_where_they_could_write(
 @needs_root
 def test_roots_own_link_in_a_shared_folder_is_followed(site: Path) -> None:
     (site / "shared" / "mine").symlink_to(site / "private" / "target")
-    done = run_cli("multiply", "a.zarr", "a.zarr", "shared/mine", *QUIET, cwd=site)
+    done = cli(site, "multiply", "a.zarr", "a.zarr", "shared/mine", *QUIET)
     assert done.returncode == 0, done.stderr
     assert zarr.open_array(str(site / "private" / "target"))[0, 0] == 1.0
 
@@ -264,7 +276,7 @@ def test_an_input_chunk_linked_to_a_file_its_owner_cannot_read_is_refused(
     chunk.unlink()
     as_planter("ln", "-s", str(site / "private" / "secret"), str(chunk))
     inputs = ("shared/in.zarr", "a.zarr") if command == "multiply" else ("shared/in.zarr",)
-    done = run_cli(command, *inputs, "out.zarr", *QUIET, cwd=site)
+    done = cli(site, command, *inputs, "out.zarr", *QUIET)
     line = refused(done)
     assert f"made by nobody (uid {PLANTER}), who cannot read the file it leads to" in line
     assert "mode 0600" in line
@@ -283,7 +295,7 @@ def test_an_input_folder_linked_past_a_folder_its_owner_cannot_search_is_refused
         (hidden / name).write_bytes(np.full((4, 4), SECRET).tobytes())  # 0644, in a 0700 folder
     subprocess.run(["rm", "-r", str(source / "c" / "0")], check=True)
     as_planter("ln", "-s", str(hidden), str(source / "c" / "0"))
-    line = refused(run_cli("multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET, cwd=site))
+    line = refused(cli(site, "multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET))
     assert "c/0/0 is reached through a symbolic link made by nobody" in line
 
 
@@ -294,7 +306,7 @@ def test_an_input_link_to_what_its_owner_may_read_is_followed(site: Path) -> Non
     readable = site / "public"
     readable.write_bytes(np.full((4, 4), 2.0).tobytes())
     as_planter("ln", "-s", str(readable), str(chunk))
-    done = run_cli("multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET, cwd=site)
+    done = cli(site, "multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET)
     assert done.returncode == 0, done.stderr
     assert zarr.open_array(str(site / "out.zarr"))[0, 0] == 2.0
 
@@ -313,10 +325,16 @@ def test_a_storage_options_file_linked_to_roots_file_is_refused(site: Path) -> N
     (site / "private" / "opts.json").write_text('{"key": "root-only"}')
     os.chmod(site / "private" / "opts.json", 0o600)
     as_planter("ln", "-s", str(site / "private" / "opts.json"), str(site / "shared" / "o.json"))
-    done = run_cli(
-        "multiply", "a.zarr", "a.zarr", "out.zarr", "--storage-options-file", "shared/o.json",
-        *QUIET, cwd=site,
-    )  # fmt: skip
+    done = cli(
+        site,
+        "multiply",
+        "a.zarr",
+        "a.zarr",
+        "out.zarr",
+        "--storage-options-file",
+        "shared/o.json",
+        *QUIET,
+    )
     line = refused(done)
     assert "made by nobody (uid 65534), who cannot read the file it leads to" in line
     assert "root-only" not in done.stderr + done.stdout
@@ -327,7 +345,7 @@ def test_a_hard_link_in_the_planters_folder_to_roots_file_is_refused(site: Path)
     chunk = first_chunk(planters_input(site), 3)
     chunk.unlink()
     os.link(site / "private" / "secret", chunk)  # as protected_hardlinks=0 would let them
-    done = run_cli("multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET, cwd=site)
+    done = cli(site, "multiply", "shared/in.zarr", "a.zarr", "out.zarr", *QUIET)
     line = refused(done)
     assert f"c/0/0 is reached through a hard link in a folder of nobody (uid {PLANTER})" in line
     assert not (site / "out.zarr").exists()
@@ -344,6 +362,6 @@ def test_an_archive_linked_to_roots_zip_is_refused(site: Path) -> None:
                 archive.write(site / "a.zarr" / name, f"A/{name}")
     os.chmod(secret_zip, 0o600)
     as_planter("ln", "-s", str(secret_zip), str(site / "shared" / "a.zip"))
-    done = run_cli("multiply", "zip://A::shared/a.zip", "a.zarr", "out.zarr", *QUIET, cwd=site)
+    done = cli(site, "multiply", "zip://A::shared/a.zip", "a.zarr", "out.zarr", *QUIET)
     assert f"made by nobody (uid {PLANTER}), who cannot read the file" in refused(done)
     assert not (site / "out.zarr").exists()
