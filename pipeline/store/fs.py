@@ -119,8 +119,7 @@ def check_protocol(url: str, name: str) -> None:
     protocol, _ = fsspec.core.split_protocol(url)
     if protocol is None:
         return
-    for link in url.split("::"):
-        _refuse_credentials(link, name)
+    check_credentials(url, name)
     if name != "OUT":  # an OUT in an archive, found or not, is refused as one (check_writable)
         check_archive(url, name)
     try:
@@ -164,6 +163,12 @@ def check_archive(url: str, name: str) -> None:
 
 OBJECT_STORES = ("s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss")
 """Protocols whose URL names a bucket after ``://``: a ``user:password@`` there is no login."""
+
+
+def check_credentials(url: str, name: str) -> None:
+    """Refuse credentials inside any link of a (chained) URL, before anything opens it."""
+    for link in url.split("::"):
+        _refuse_credentials(link, name)
 
 
 def _refuse_credentials(url: str, name: str) -> None:

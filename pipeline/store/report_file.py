@@ -15,7 +15,14 @@ import fsspec
 
 from pipeline.errors import ArgumentTypeError, UnsafeOutputError, UsageError
 from pipeline.store.door import Door
-from pipeline.store.fs import inside, local_path, location, resolve_url, url_to_fs
+from pipeline.store.fs import (
+    check_credentials,
+    inside,
+    local_path,
+    location,
+    resolve_url,
+    url_to_fs,
+)
 
 log = logging.getLogger("pipeline")
 REPORT_MARKS = (b"<title>Dask Performance Report</title>", b'id="tilegemm-accounting"')
@@ -29,6 +36,7 @@ def check_report(report: str, stores: dict[str, str], storage_options: dict[str,
     """The report's resolved location, refused when it is (or is inside) one of ``stores``
     (name -> URL) or would replace a file that is not one of our reports."""
     report = _path_text(report)
+    check_credentials(report, "--report")
     url = resolve_url(report, "--report")
     key = location(url, storage_options)
     for name, store in stores.items():

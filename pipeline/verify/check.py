@@ -55,7 +55,7 @@ from pipeline.run import moments
 from pipeline.run.client import input_error, wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
-from pipeline.store.fs import absolute
+from pipeline.store.fs import absolute, check_credentials
 from pipeline.store.output import Output
 from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 from pipeline.verify import symmetry, tasks
@@ -293,6 +293,8 @@ def check_operation(
 ) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool]:
     """``check_shapes``, with the transposes (given, else C's record) and whether C is a
     Gram product's."""
+    for url, name in ((a_url, "A"), (b_url, "B"), (c_url, "C")):
+        check_credentials(url, name)
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))
     _check_not_accumulating(a_url, b_url, c_url, options)
     return _operation(a_url, b_url, c_url, options, given)[:3]

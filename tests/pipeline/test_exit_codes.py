@@ -86,6 +86,26 @@ def test_credentials_in_an_s3_url_are_refused_unshown(tmp_path: Path) -> None:
     assert "AKIAEXAMPLEKEY" not in done.stderr and "SECRETKEY" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (("multiply", "{a}", "{a}", "{out}", "--report", "{url}"), "--report"),
+        (("verify", "{a}", "{a}", "{url}"), "C"),
+        (("gram", "zip://X::{url}", "{out}"), "A"),
+    ],
+)
+def test_credentials_are_refused_unshown_wherever_a_url_goes(
+    tmp_path: Path, inputs: tuple[str, str], args: tuple[str, ...], name: str
+) -> None:
+    pytest.importorskip("s3fs")
+    url = "s3://AKIAEXAMPLEKEY:wJalrSECRETKEY@bucket/r.html"
+    filled = [a.format(a=inputs[0], out=tmp_path / "o.zarr", url=url) for a in args]
+    done = run_cli(*filled, *FAST_CLUSTER)
+    line = refused(done)
+    assert f"{name} (s3://***@bucket/r.html) has credentials in its URL" in line
+    assert "AKIAEXAMPLEKEY" not in done.stderr and "SECRETKEY" not in done.stderr
+
+
 def test_a_tls_file_that_is_a_fifo_is_refused_unopened(
     tmp_path: Path, inputs: tuple[str, str]
 ) -> None:
