@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO := demo-data
 
-.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-gram bench-model calibrate bench-gpu bench-feed gpu-session fuzz fuzz-tree fuzz-crash clean
+.PHONY: venv demo test test-slow test-gpu check lint mutate bench bench-general bench-gram bench-model calibrate bench-gpu bench-feed gpu-session fuzz fuzz-tree fuzz-planter fuzz-crash clean
 
 $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -110,14 +110,21 @@ gpu-session:
 
 # Hostile-tree fuzzing (tests/pipeline/fuzz_tree.py): random seeds for FUZZ_MINUTES, each a
 # sandbox of links, FIFOs, devices, sparse files and look-alike names under random CLI commands;
-# prints failures with their seeds (rerun one: python -m benchmarks.fuzz --seeds SEED), max RSS
-# and seconds; exit 1 on any broken invariant. FUZZ_JOBS=2 runs two cases at once.
+# as root, every other seed is a second user's (tests/pipeline/fuzz_planter.py: uid 65534 plants
+# links, folders and archives in shared 1777/2775 folders before and during root's jobs).
+# Prints failures with their seeds (rerun one: python -m benchmarks.fuzz --fuzzer tree|planter
+# --seeds SEED), max RSS and seconds, the planter's attack kinds; exit 1 on any broken invariant.
+# FUZZ_JOBS=2 runs two cases at once; FUZZER=tree|planter runs one fuzzer only.
 FUZZ_MINUTES ?= 30
 FUZZ_JOBS ?= 1
+FUZZER ?= both
 fuzz: fuzz-tree fuzz-crash
 
 fuzz-tree: venv
-	$(PY) -m benchmarks.fuzz --minutes $(FUZZ_MINUTES) --jobs $(FUZZ_JOBS)
+	$(PY) -m benchmarks.fuzz --minutes $(FUZZ_MINUTES) --jobs $(FUZZ_JOBS) --fuzzer $(FUZZER)
+
+fuzz-planter: venv
+	$(PY) -m benchmarks.fuzz --minutes $(FUZZ_MINUTES) --jobs $(FUZZ_JOBS) --fuzzer planter
 
 # The crash schedule of --accumulate (tests/pipeline/crash_schedule.py): seeded random stops
 # (SIGKILL, SIGINT, SIGTERM at a named step of the protocol) for FUZZ_MINUTES, each followed by

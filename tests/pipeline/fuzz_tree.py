@@ -392,22 +392,25 @@ with open(report, "w") as f:
 launcher's few MiB, not from the fuzzer's (a process's high-water mark survives fork and exec)."""
 
 
-def run_measured(argv: tuple[str, ...], cwd: Path, timeout_s: float = TIMEOUT_S) -> Run:
+def run_measured(
+    argv: tuple[str, ...], cwd: Path, timeout_s: float = TIMEOUT_S, stdout: Path | None = None
+) -> Run:
     """``python -m pipeline argv`` in ``cwd`` under RLIMIT_AS, in its own session: its exit
-    code, seconds, peak RSS of any of its processes (wait4's and /proc's VmHWM), stderr."""
+    code, seconds, peak RSS of any of its processes (wait4's and /proc's VmHWM), stderr.
+    ``stdout``: a file to keep the command's stdout in (default: discarded)."""
     env = child_env({"DASK_TILEGEMM__HOST_PROBE": "False"})
     for key, value in worker_config().items():
         env["DASK_" + key.upper().replace(".", "__").replace("-", "_")] = str(value)
     scratch = cwd.parent / f".run-{os.getpid()}-{time.monotonic_ns()}"
     start = time.monotonic()
-    with scratch.with_suffix(".err").open("w+") as stderr:
+    with scratch.with_suffix(".err").open("w+") as stderr, open(stdout or os.devnull, "w") as out:
         launcher = [sys.executable, "-S", "-c", LAUNCHER, str(ADDRESS_SPACE_BYTES), str(scratch)]
         proc = subprocess.Popen(
             [*launcher, sys.executable, "-m", "pipeline", *argv],
             cwd=cwd,
             env=env,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
+            stdout=out,
             stderr=stderr,
             start_new_session=True,
         )
