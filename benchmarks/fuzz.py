@@ -102,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     work = args.work or Path(tempfile.mkdtemp(prefix="tilegemm-fuzz-"))
     work.mkdir(parents=True, exist_ok=True)
+    os.chmod(work, 0o755)  # the planter reaches the shared folders by path, as users do
     baseline = clean_run(work / "clean", args.timeout)
     shutil.rmtree(work / "clean", ignore_errors=True)
     rss = baseline.max_rss_bytes / MiB

@@ -1,13 +1,17 @@
-"""No confused deputy: a link another user made leads only where that user could go.
+"""No confused deputy: what another user could have put on a path leads only where they
+could go.
 
 Run by root, or by a service account for others, this tool can read and write more than the
-owner of a link it meets. Followed blindly, such a link hands its owner the caller's rights:
-a chunk of an input linked to a file only root can read puts that file's bytes in OUT; OUT's
-folder linked into one only root can write makes root write there. So a link owned by anyone
-but the caller (or root) is followed only to a file its owner could read (for a read) or into
-a folder its owner could write (for a write), judged by mode bits, owner and groups, with the
-right to search every folder above. A name with a second hard link counts as made by its
-folder's owner. The caller's own links, and root's, are followed as the file system does.
+people who shape the paths it follows. A name in a folder was put there by someone who can
+write that folder (its owner; its group or anyone, unless the folder is sticky, where only
+the name's owner and the folder's can place or move it), and a link's target by the link's
+owner. Any of them but the caller and root is a *placer*. Followed blindly, a placer's name
+hands them the caller's rights: a chunk of their input linked to (or moved from) a file only
+root can read puts its bytes in OUT; OUT's folder linked into one only root can write makes
+root write there. So a file is read only when every placer on its path could read it, and a
+link is written through only into a folder every placer could write, judged by mode bits,
+owner and groups, with the right to search every folder above. A group whose members are all
+the caller (or root) places nothing: a user's private group is theirs.
 """
 
 from __future__ import annotations
@@ -15,9 +19,13 @@ from __future__ import annotations
 import functools
 import os
 import stat
+from dataclasses import dataclass, field
 
 R, W, X = 4, 2, 1
 """The permission bits of one class (owner, group, others)."""
+ANYONE = ("anyone", -1)
+LINK_WORDS = "a symbolic link made by"
+MAX_LINKS = 40
 
 
 @functools.lru_cache(maxsize=256)
@@ -36,6 +44,25 @@ def groups_of(uid: int) -> frozenset[int]:
         return frozenset({entry.pw_gid})
 
 
+@functools.lru_cache(maxsize=256)
+def group_trusted(gid: int) -> bool:
+    """Whether every member of ``gid`` (named, or by primary group) is trusted."""
+    import grp
+    import pwd
+
+    try:
+        names = set(grp.getgrgid(gid).gr_mem)
+    except KeyError:
+        return False
+    members = {p.pw_uid for p in pwd.getpwall() if p.pw_gid == gid or p.pw_name in names}
+    return bool(members) and all(trusted(uid) for uid in members)
+
+
+def trusted(uid: int) -> bool:
+    """The caller and root place nothing that could steer the caller."""
+    return uid in (0, os.geteuid())
+
+
 def can(uid: int, st: os.stat_result, want: int) -> bool:
     """Whether ``uid`` may ``want`` (R, W, X, or'd) the file of ``st`` by its mode bits."""
     if uid == 0:
@@ -50,99 +77,163 @@ def can(uid: int, st: os.stat_result, want: int) -> bool:
     return bits & want == want
 
 
-def reaches(uid: int, path: str) -> bool:
-    """Whether ``uid`` may search every folder above ``path`` (``path`` resolved)."""
+Placer = tuple[str, int]
+"""``("user", uid)``, ``("group", gid)`` (any member) or ANYONE."""
+
+
+def may(placer: Placer, st: os.stat_result, want: int) -> bool:
+    """Whether ``placer`` may ``want`` the file of ``st``: a group's every member (by the
+    group's or the others' bits), anyone (by the others' bits)."""
+    kind, number = placer
+    if kind == "user":
+        return can(number, st, want)
+    mode = stat.S_IMODE(st.st_mode)
+    if kind == "group" and st.st_gid == number and (mode >> 3) & want == want:
+        return True
+    return mode & want == want
+
+
+def reaches(placer: Placer, path: str, looks: dict[str, os.stat_result] | None = None) -> bool:
+    """Whether ``placer`` may search every folder above ``path`` (``path`` resolved);
+    ``looks`` keeps the folders' status for the next call."""
+    looks = {} if looks is None else looks
     folder = os.path.dirname(path)
     while True:
         try:
-            if not can(uid, os.stat(folder), X):
-                return False
+            found = looks.get(folder)
+            if found is None:
+                found = looks[folder] = os.stat(folder)
         except OSError:
+            return False
+        if not may(placer, found, X):
             return False
         if folder == os.path.dirname(folder):
             return True
         folder = os.path.dirname(folder)
 
 
-def trusted(uid: int) -> bool:
-    """Links of the caller, and of root, are followed as the file system follows them."""
-    return uid in (0, os.geteuid())
+def placers(folder: os.stat_result, entry: os.stat_result) -> set[Placer]:
+    """Who besides the caller and root could have put ``entry`` in ``folder`` (a link's
+    target is its owner's doing too: see ``link_placer``)."""
+    found: set[Placer] = set()
+    if not trusted(folder.st_uid):
+        found.add(("user", folder.st_uid))
+    mode = folder.st_mode
+    if mode & stat.S_ISVTX and mode & (stat.S_IWGRP | stat.S_IWOTH):
+        if not trusted(entry.st_uid):  # a sticky folder: only the entry's owner moves it
+            found.add(("user", entry.st_uid))
+        return found
+    if mode & stat.S_IWGRP and not group_trusted(folder.st_gid):
+        found.add(("group", folder.st_gid))
+    if mode & stat.S_IWOTH:
+        found.add(ANYONE)
+    return found
 
 
-def planters_on(path: str) -> tuple[set[int], str]:
-    """The owners of the links met resolving ``path`` whom ``trusted`` does not cover, and
-    the path resolved. Looks at each component with ``lstat``, as the kernel resolves it."""
-    owners: set[int] = set()
-    parts = [p for p in os.path.abspath(path).split("/") if p]
-    where, followed = "/", 0
+def note(
+    placed: dict[Placer, str],
+    folder: os.stat_result,
+    entry: os.stat_result,
+    at: str,
+    looks: dict[str, os.stat_result] | None = None,
+) -> None:
+    """Add to ``placed`` who could have put ``entry`` at ``at`` (in ``folder``), in words:
+    those who may write the folder and reach it (a 0777 folder inside a 0700 one is its
+    owner's alone), and a link's owner."""
+    for placer in sorted(placers(folder, entry)):
+        if reaches(placer, at, looks):
+            placed.setdefault(placer, f"{at}, which {describe(placer)} could have put there")
+    if stat.S_ISLNK(entry.st_mode) and not trusted(entry.st_uid):
+        link_owner = ("user", entry.st_uid)
+        if LINK_WORDS not in placed.get(link_owner, ""):  # their link says more than a name
+            placed[link_owner] = f"{at}, {LINK_WORDS} {describe(link_owner)}"
+
+
+def describe(placer: Placer) -> str:
+    kind, number = placer
+    if kind == "user":
+        return owner_name(number)
+    if kind == "group":
+        return f"the members of {group_name(number)}"
+    return "anyone"
+
+
+@dataclass
+class Resolved:
+    """A path resolved as the kernel resolves it, with who placed what on the way."""
+
+    path: str
+    placed: dict[Placer, str] = field(default_factory=dict)
+    """Each placer -> the name on the path they could have placed, in words (the first)."""
+
+
+def resolve(path: str, seen: dict[str, os.stat_result] | None = None) -> Resolved:
+    """Resolve ``path`` component by component with ``lstat`` (``..`` after a link goes to the
+    link target's parent, as the kernel goes), noting every placer. ``seen`` keeps the looks
+    at folders on the way for the next path (many files of one input share them)."""
+    seen = {} if seen is None else seen  # folders only: a physical path's folders are real
+    if not path.startswith("/"):
+        path = os.path.join(os.getcwd(), path)
+    parts = [p for p in path.split("/") if p]
+    found = Resolved("/")
+    where, folder, followed = "/", os.stat("/"), 0
     while parts:
         part = parts.pop(0)
         if part == ".":
             continue
         if part == "..":
             where = os.path.dirname(where)
+            folder = os.stat(where)
             continue
         here = os.path.join(where, part)
         try:
-            st = os.lstat(here)
+            entry = seen.get(here) if parts else None
+            if entry is None:
+                entry = os.lstat(here)
+                if parts:
+                    seen[here] = entry
         except OSError:
-            return owners, os.path.join(here, *parts)
-        if not stat.S_ISLNK(st.st_mode):
-            where = here
+            found.path = os.path.join(here, *parts)
+            return found
+        note(found.placed, folder, entry, here, seen)
+        if not stat.S_ISLNK(entry.st_mode):
+            where, folder = here, entry
             continue
         followed += 1
-        if followed > 40:
-            return owners, here  # a loop: the open says so
-        if not trusted(st.st_uid):
-            owners.add(st.st_uid)
+        if followed > MAX_LINKS:
+            found.path = here  # a loop: the open says so
+            return found
         target = os.readlink(here)
         parts[:0] = [p for p in target.split("/") if p]
         if target.startswith("/"):
-            where = "/"
-    return owners, where
+            where, folder = "/", os.stat("/")
+    found.path = where
+    return found
 
 
-def unreadable_by(path: str, opened: os.stat_result) -> tuple[int, str] | None:
-    """(uid, how) of a planter of ``path`` who could not read the file ``opened`` there:
-    ``symbolic link`` (its owner) or ``hard link`` (the owner of the folder holding a file
-    with two names); None when every planter could. (-1, ``moved``) when the path leads
-    elsewhere now: a link swapped after the open, whose maker is unknown."""
-    owners, resolved = planters_on(path)
-    try:
-        if not os.path.samestat(os.stat(resolved), opened):
-            return -1, "moved"
-    except OSError:
-        return -1, "moved"
-    found = {uid: "symbolic link" for uid in owners}
-    if opened.st_nlink > 1:
-        try:
-            folder = os.stat(os.path.dirname(resolved))
-        except OSError:
-            folder = None
-        if folder is not None and not trusted(folder.st_uid):
-            found.setdefault(folder.st_uid, "hard link")
-    for uid, how in sorted(found.items()):
-        if not can(uid, opened, R) or not reaches(uid, resolved):
-            return uid, how
-    return None
-
-
-def refusal(path: str, opened: os.stat_result) -> str | None:
+def refusal(
+    path: str, opened: os.stat_result, seen: dict[str, os.stat_result] | None = None
+) -> str | None:
     """Why the file ``opened`` at ``path`` must not be read, in words that follow "is"; None
-    when it may be."""
-    found = unreadable_by(path, opened)
-    if found is None:
-        return None
-    uid, how = found
-    if how == "moved":
+    when every placer on its path could have read it themselves."""
+    seen = {} if seen is None else seen
+    found = resolve(path, seen)
+    try:
+        moved = not os.path.samestat(os.stat(found.path), opened)
+    except OSError:
+        moved = True
+    if moved:
         return "reached through a path that changed as it was opened (a link swapped meanwhile)"
-    made = "made by" if how == "symbolic link" else "in a folder of"
-    return (
-        f"reached through a {how} {made} {owner_name(uid)}, who cannot read the file it "
-        f"leads to ({os.path.realpath(path)}: mode {stat.S_IMODE(opened.st_mode):04o}, owner "
-        f"{owner_name(opened.st_uid)}); a link inside an input is followed only to what its "
-        "maker could read"
-    )
+    for placer, how in sorted(found.placed.items()):
+        if may(placer, opened, R) and reaches(placer, found.path, seen):
+            continue
+        who = describe(placer)
+        return (
+            f"reached through {how}, and {who} cannot read the file it leads to ({found.path}: "
+            f"mode {stat.S_IMODE(opened.st_mode):04o}, owner {owner_name(opened.st_uid)}); a "
+            "file is read only when whoever shaped its path could read it themselves"
+        )
+    return None
 
 
 def owner_name(uid: int) -> str:
@@ -153,3 +244,13 @@ def owner_name(uid: int) -> str:
         return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
     except KeyError:
         return f"uid {uid}"
+
+
+def group_name(gid: int) -> str:
+    """``group lab (gid 1001)``, or ``group 1001``."""
+    import grp
+
+    try:
+        return f"group {grp.getgrgid(gid).gr_name} (gid {gid})"
+    except KeyError:
+        return f"group {gid}"

@@ -243,9 +243,9 @@ def resolve_url(url: str, name: str) -> str:
     refused rather than guessed at)."""
     local = local_path(normalize_url(url))
     if local is not None:
-        links.check(local, name)  # no link on the way that another user planted
+        resolved = links.resolve(local, name)  # no link on the way that another user planted
         _refuse_dangling(local, name)
-        return os.path.realpath(local)
+        return resolved
     if "::" in url:  # a chained URL (zip://PATH::ARCHIVE): read-only inputs, left as given
         return url
     protocol, rest = url.split("://", 1)

@@ -14,7 +14,6 @@ A link another user made, followed, must also lead only into a folder that user 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import stat
@@ -64,10 +63,12 @@ def walk(path: str, what: str) -> Walked:
     ``O_PATH``). A link the rule refuses, or a loop, is an UnsafeOutputError naming ``what``;
     a file on the way ends the walk there."""
     given = path
-    parts = deque(p for p in os.path.abspath(path).split("/") if p)
+    if not path.startswith("/"):  # joined, not normalized: ``..`` after a link is physical
+        path = os.path.join(os.getcwd(), path)
+    parts = deque(p for p in path.split("/") if p)
     fd = os.open("/", PATH_FLAGS)
     where, followed = "/", 0
-    planted: dict[int, str] = {}  # owners of links not the caller's (nor root's) -> one link
+    planted: dict[deputy.Placer, str] = {}  # who could have placed a link followed -> words
     try:
         while parts:
             part = parts.popleft()
@@ -87,8 +88,7 @@ def walk(path: str, what: str) -> Walked:
                     return Walked(fd, where, [part, *parts], kind="file")
                 followed += 1
                 _check_link(given, what, found, fd, _join(where, part), followed)
-                if not deputy.trusted(found.st_uid):
-                    planted.setdefault(found.st_uid, _join(where, part))
+                deputy.note(planted, os.fstat(fd), found, _join(where, part))
                 target = os.readlink(part, dir_fd=fd)
                 parts.extendleft(reversed([p for p in target.split("/") if p]))
                 if target.startswith("/"):
@@ -127,28 +127,35 @@ def _check_link(
     )
 
 
-def _check_deputy(given: str, what: str, planted: dict[int, str], fd: int, where: str) -> None:
-    """Another user's link leads only into a folder that user could write themselves."""
+def _check_deputy(
+    given: str, what: str, planted: dict[deputy.Placer, str], fd: int, where: str
+) -> None:
+    """A link someone else could have placed leads only into a folder they could write."""
     if not planted:
         return
     folder = os.fstat(fd)
-    for uid, link in sorted(planted.items()):
-        if deputy.can(uid, folder, deputy.W | deputy.X) and deputy.reaches(uid, where + "/-"):
+    for placer, how in sorted(planted.items()):
+        if deputy.may(placer, folder, deputy.W | deputy.X) and deputy.reaches(placer, where + "/-"):
             continue
         raise UnsafeOutputError(
-            f"{what} ({given}): {link} is a symbolic link owned by {owner_name(uid)}, leading "
-            f"to {where}, which that user cannot write (mode "
-            f"{stat.S_IMODE(folder.st_mode):04o}, owner {owner_name(folder.st_uid)}); this "
-            "tool writes through another user's link only where its owner could: give the "
-            "real location, or remove the link"
+            f"{what} ({given}): the way there passes {how}, leading to {where}, which "
+            f"{deputy.describe(placer)} cannot write (mode {stat.S_IMODE(folder.st_mode):04o}, "
+            f"owner {owner_name(folder.st_uid)}); this tool writes through a link only where "
+            "whoever could have placed it could write: give the real location, or remove the link"
         )
 
 
-def check(path: str, what: str) -> None:
-    """Refuse a local ``path`` (OUT, C, the report) reached through a link the owner rule
-    forbids, anywhere on the way; a missing tail is fine (it will be created)."""
-    with contextlib.suppress(OSError):  # a folder above missing or shut: the writes say so
-        os.close(walk(path, what).fd)
+def resolve(path: str, what: str) -> str:
+    """The location a local ``path`` (OUT, C, the report) names, walked under the owner rule
+    (a link it forbids anywhere on the way is refused): the folders found, links resolved,
+    then the missing tail as spelled (``..`` there taken by name, as nothing is there to
+    follow). What is checked is what is written: the result holds no link."""
+    try:
+        found = walk(path, what)
+    except OSError:  # a folder above shut: the writes will say so
+        return os.path.realpath(path)
+    os.close(found.fd)
+    return os.path.normpath(os.path.join(found.path, *found.missing))
 
 
 def open_folder(path: str, what: str) -> int:

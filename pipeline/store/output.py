@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -31,7 +32,7 @@ from pipeline.errors import (
 )
 from pipeline.plan.standardize import MOMENTS_KEY, Standardize
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
-from pipeline.store import door, groups, journal, lock, owned, signature
+from pipeline.store import deputy, door, groups, journal, links, lock, owned, signature
 from pipeline.store.chunks.archive_store import archive_path
 from pipeline.store.direct import OutStore
 from pipeline.store.fs import (
@@ -214,12 +215,31 @@ class Output:
         if path is None:
             return []  # object stores have no folders: the lock's conditional write decides
         try:
-            return door.create_folder(path)
+            made = door.create_folder(path)
         except OSError as e:
             raise UsageError(
                 f"OUT ({self.url}) cannot be created ({e.strerror or e}); choose a location "
                 "you can write to"
             ) from e
+        if not made:
+            self._refuse_planted_folder(path)
+        return made
+
+    def _refuse_planted_folder(self, path: str) -> None:
+        """Another user's empty folder in a folder others can write is not a new OUT for you:
+        they made it before you (or as your job started), and keep every right to it."""
+        try:
+            folder, parent = os.lstat(path), os.stat(os.path.dirname(path))
+            empty = not os.listdir(path)
+        except OSError:
+            return  # the lock's door says what is wrong
+        if empty and not deputy.trusted(folder.st_uid) and parent.st_mode & links.OTHERS_WRITE:
+            raise UnsafeOutputError(
+                f"OUT ({self.url}) is an empty folder {deputy.owner_name(folder.st_uid)} made, "
+                f"in {os.path.dirname(path)}, which others can write (mode "
+                f"{stat.S_IMODE(parent.st_mode):04o}); another user's folder is not a new OUT: "
+                "choose another OUT, or have them remove it"
+            )
 
     def remove_ours(self) -> None:
         """--overwrite: delete what this tool wrote inside OUT, after refusing an OUT that

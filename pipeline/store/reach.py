@@ -33,8 +33,6 @@ class Reach:
     """Relative paths that are links (followed when they lead somewhere)."""
     special: list[str] = field(default_factory=list)
     """Relative paths that are neither a folder nor a regular file (FIFOs, devices, sockets)."""
-    shared_files: list[str] = field(default_factory=list)
-    """Relative paths of regular files with another name too (a hard link)."""
 
 
 def reach(root: str) -> Reach:
@@ -74,8 +72,6 @@ def reach(root: str) -> Reach:
             found.ids.setdefault(key, name)
             if stat.S_ISREG(st.st_mode):
                 found.files[name] = _marks(st)
-                if st.st_nlink > 1:
-                    found.shared_files.append(name)
             else:
                 found.special.append(name)
     return found
@@ -128,25 +124,19 @@ def check_apart(what: str, url: str, inputs: list[tuple[str, str]]) -> None:
             )
 
 
-def check_readable(name: str, url: str, path: str, found: Reach) -> None:
-    """Refuse input ``name`` when a file it reaches through another user's link (or a hard
-    link in another user's folder) is one that user could not read (pipeline.store.deputy);
-    the reads check each file again as they open it."""
-    above, _ = deputy.planters_on(path)
-    linked, hard = set(found.links), set(found.shared_files)
-    if not above and not linked and not hard:
-        return
+def check_readable(name: str, url: str, path: str, found: Reach | None = None) -> None:
+    """Refuse input ``name`` (local, at ``path``) when a file it reaches is one that whoever
+    shaped its path (pipeline.store.deputy: another user's link, a name in a folder others
+    can write) could not read; the reads check each file again as they open it."""
+    found = reach(path) if found is None else found
+    seen: dict[str, os.stat_result] = {}
     for rel in found.files:
-        parts = rel.split("/")
-        through = rel in hard or any("/".join(parts[:n]) in linked for n in range(1, len(parts)))
-        if not above and not through and rel not in linked:
-            continue
         full = os.path.join(path, rel) if rel else path
         try:
             st = os.stat(full)
         except OSError:
             continue  # gone meanwhile: its read says so
-        problem = deputy.refusal(full, st)
+        problem = deputy.refusal(full, st, seen)
         if problem is not None:
             raise InputError(
                 f"{name} ({url}): {rel or '.'} is {problem}: copy the data into the input, "

@@ -55,8 +55,9 @@ from pipeline.run import moments
 from pipeline.run.client import input_error, wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
-from pipeline.store.fs import absolute, check_credentials
+from pipeline.store.fs import absolute, check_credentials, local_path
 from pipeline.store.output import Output
+from pipeline.store.reach import check_readable
 from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 from pipeline.verify import symmetry, tasks
 from pipeline.verify.nonfinite import OVERFLOW_MARGIN
@@ -296,6 +297,10 @@ def check_operation(
     for url, name in ((a_url, "A"), (b_url, "B"), (c_url, "C")):
         check_credentials(url, name)
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))
+    for url, name in ((a_url, "A"), (b_url, "B"), (c_url, "C")):
+        local = local_path(url)
+        if local is not None:  # before any task reads a file another user's path leads to
+            check_readable(name, url, local)
     _check_not_accumulating(a_url, b_url, c_url, options)
     return _operation(a_url, b_url, c_url, options, given)[:3]
 

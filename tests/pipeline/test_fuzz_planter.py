@@ -8,6 +8,8 @@ tests come first: a fuzzer that sees nothing passes everything."""
 from __future__ import annotations
 
 import os
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,17 +136,26 @@ def test_checker_sees_root_writing_into_the_planters_folder(tmp_path: Path) -> N
     assert found == ["root wrote into shared/out.zarr, the planter's own dir"]
 
 
+@pytest.fixture
+def reachable() -> Iterator[Path]:
+    """A sandbox the planter can reach by path, as a shared project folder is (pytest's
+    folders are root's alone: there nobody but root could have planted anything)."""
+    with tempfile.TemporaryDirectory(prefix="planter-") as folder:
+        os.chmod(folder, 0o755)
+        yield Path(folder)
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_attack_is_refused_or_harmless(tmp_path: Path, kind: str) -> None:
+def test_attack_is_refused_or_harmless(reachable: Path, kind: str) -> None:
     if kind == "read:hardlink" and hardlinks_protected():
         pytest.skip("fs.protected_hardlinks=1: the kernel refuses the planter this hard link")
-    result = run_case(KINDS.index(kind), tmp_path, 1, COMMAND_TIMEOUT_S, kinds=(kind,))
+    result = run_case(KINDS.index(kind), reachable, 1, COMMAND_TIMEOUT_S, kinds=(kind,))
     if result.violations:
         pytest.fail(result.report(), pytrace=False)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
-def test_planter_case_keeps_the_contract(tmp_path: Path, seed: int) -> None:
-    result = run_case(1000 + seed, tmp_path, commands=2, timeout_s=COMMAND_TIMEOUT_S)
+def test_planter_case_keeps_the_contract(reachable: Path, seed: int) -> None:
+    result = run_case(1000 + seed, reachable, commands=2, timeout_s=COMMAND_TIMEOUT_S)
     if result.violations:
         pytest.fail(result.report(), pytrace=False)
