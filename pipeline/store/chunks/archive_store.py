@@ -37,10 +37,7 @@ from fsspec.archive import AbstractArchiveFileSystem
 from fsspec.implementations.zip import ZipFileSystem
 from zarr.abc.store import (
     ByteRequest,
-    OffsetByteRequest,
-    RangeByteRequest,
     Store,
-    SuffixByteRequest,
 )
 from zarr.core.buffer.core import default_buffer_prototype
 from zarr.core.common import concurrent_map
@@ -48,7 +45,7 @@ from zarr.core.common import concurrent_map
 from pipeline.errors import InputError, InputNotFoundError, StoredObjectError
 from pipeline.plan.units import format_bytes
 from pipeline.store import deputy
-from pipeline.store.chunks.input_store import KINDS, METADATA_BYTES, is_metadata, refusal
+from pipeline.store.chunks.input_store import KINDS, METADATA_BYTES, is_metadata, refusal, span
 from pipeline.store.fs import local_path
 
 if TYPE_CHECKING:
@@ -287,9 +284,9 @@ def _member_bytes(
                     f"inflating to more than {_size(limit)}{claim}, where at most "
                     f"{_size(limit)} can be needed"
                 )
-            start, stop = _span(byte_range, len(data))
+            start, stop = span(byte_range, len(data))
             return data if byte_range is None else data[start:stop]
-        start, stop = _span(byte_range, declared)
+        start, stop = span(byte_range, declared)
         stream.seek(start)  # zipfile inflates up to there, never past the declared size
         return _inflate(stream, stop - start)
 
@@ -332,20 +329,6 @@ def _inflate(stream: IO[bytes], most: int) -> bytearray:
             break
         data += piece
     return data
-
-
-def _span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
-    """[start, stop) of ``byte_range`` in a member of ``size`` bytes, as zarr's stores read."""
-    if byte_range is None:
-        return 0, size
-    if isinstance(byte_range, RangeByteRequest):
-        start = min(byte_range.start, size)
-        return start, max(start, min(byte_range.end, size))
-    if isinstance(byte_range, OffsetByteRequest):
-        return min(byte_range.offset, size), size
-    if isinstance(byte_range, SuffixByteRequest):
-        return max(0, size - byte_range.suffix), size
-    raise TypeError(f"Unexpected byte_range, got {byte_range}.")
 
 
 def _size(n: int) -> str:

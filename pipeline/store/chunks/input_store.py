@@ -84,7 +84,7 @@ def read_checked(path: str, limit: int, key: str, byte_range: ByteRequest | None
         return None
     fd, size = opened
     try:
-        start, stop = _span(byte_range, size)
+        start, stop = span(byte_range, size)
         data = bytearray(stop - start)
         got = 0
         while got < len(data):  # a regular file's read may come short, never block
@@ -192,8 +192,9 @@ def _check(found: os.stat_result, limit: int, key: str, path: str) -> int:
     raise refusal(key, kind, path)
 
 
-def _span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
-    """[start, stop) of ``byte_range`` in a file of ``size`` bytes, as zarr's LocalStore reads."""
+def span(byte_range: ByteRequest | None, size: int) -> tuple[int, int]:
+    """[start, stop) of ``byte_range`` in an object of ``size`` bytes, as zarr's LocalStore
+    reads."""
     if byte_range is None:
         return 0, size
     if isinstance(byte_range, RangeByteRequest):
