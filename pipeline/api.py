@@ -122,7 +122,7 @@ def _locate(
     check_protocol(a, "A")
     check_protocol(b, "B")
     # Overlaps are refused in the caller's spelling (the check resolves links itself) ...
-    Output(out, options).check_path([a, b])
+    Output(out, options).check_path([a, b], readable=True)
     # ... then OUT is one resolved location for every check and write; inputs are made
     # absolute (workers may run elsewhere), their links left for the file system to follow.
     return (absolute(a), absolute(b), resolve_url(out, "OUT")), options

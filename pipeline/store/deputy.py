@@ -3,9 +3,10 @@ could go.
 
 Run by root, or by a service account for others, this tool can read and write more than the
 people who shape the paths it follows. A name in a folder was put there by someone who can
-write that folder (its owner; its group or anyone, unless the folder is sticky, where only
-the name's owner and the folder's can place or move it), and a link's target by the link's
-owner. Any of them but the caller and root is a *placer*. Followed blindly, a placer's name
+reach and write that folder (its owner, its group, anyone: a sticky folder keeps others from
+renaming a folder in it, not from moving a link or a file of someone else's in), and a link's
+target by the link's owner. Owners count as able to do anything with what they own: they can
+chmod it back. Any of them but the caller and root is a *placer*. Followed blindly, a placer's name
 hands them the caller's rights: a chunk of their input linked to (or moved from) a file only
 root can read puts its bytes in OUT; OUT's folder linked into one only root can write makes
 root write there. So a file is read only when every placer on its path could read it, and a
@@ -24,7 +25,6 @@ from dataclasses import dataclass, field
 R, W, X = 4, 2, 1
 """The permission bits of one class (owner, group, others)."""
 ANYONE = ("anyone", -1)
-LINK_WORDS = "a symbolic link made by"
 MAX_LINKS = 40
 
 
@@ -58,6 +58,7 @@ def group_trusted(gid: int) -> bool:
     return bool(members) and all(trusted(uid) for uid in members)
 
 
+@functools.lru_cache(maxsize=64)
 def trusted(uid: int) -> bool:
     """The caller and root place nothing that could steer the caller."""
     return uid in (0, os.geteuid())
@@ -65,15 +66,10 @@ def trusted(uid: int) -> bool:
 
 def can(uid: int, st: os.stat_result, want: int) -> bool:
     """Whether ``uid`` may ``want`` (R, W, X, or'd) the file of ``st`` by its mode bits."""
-    if uid == 0:
+    if uid == 0 or st.st_uid == uid:  # an owner can chmod what they own at will
         return True
     mode = stat.S_IMODE(st.st_mode)
-    if st.st_uid == uid:
-        bits = mode >> 6
-    elif st.st_gid in groups_of(uid):
-        bits = mode >> 3
-    else:
-        bits = mode
+    bits = mode >> 3 if st.st_gid in groups_of(uid) else mode
     return bits & want == want
 
 
@@ -93,9 +89,11 @@ def may(placer: Placer, st: os.stat_result, want: int) -> bool:
     return mode & want == want
 
 
-def reaches(placer: Placer, path: str, looks: dict[str, os.stat_result] | None = None) -> bool:
-    """Whether ``placer`` may search every folder above ``path`` (``path`` resolved);
-    ``looks`` keeps the folders' status for the next call."""
+def shut_folder(
+    placer: Placer, path: str, looks: dict[str, os.stat_result] | None = None
+) -> str | None:
+    """The first folder above ``path`` (resolved) that ``placer`` may not search; None when
+    they reach it. ``looks`` keeps the folders' status for the next call."""
     looks = {} if looks is None else looks
     folder = os.path.dirname(path)
     while True:
@@ -104,49 +102,65 @@ def reaches(placer: Placer, path: str, looks: dict[str, os.stat_result] | None =
             if found is None:
                 found = looks[folder] = os.stat(folder)
         except OSError:
-            return False
+            return folder
         if not may(placer, found, X):
-            return False
+            return folder
         if folder == os.path.dirname(folder):
-            return True
+            return None
         folder = os.path.dirname(folder)
 
 
+def reaches(placer: Placer, path: str, looks: dict[str, os.stat_result] | None = None) -> bool:
+    """Whether ``placer`` may search every folder above ``path`` (``path`` resolved)."""
+    return shut_folder(placer, path, looks) is None
+
+
 def placers(folder: os.stat_result, entry: os.stat_result) -> set[Placer]:
-    """Who besides the caller and root could have put ``entry`` in ``folder`` (a link's
-    target is its owner's doing too: see ``link_placer``)."""
+    """Who besides the caller and root could have put ``entry`` in ``folder``: its owner, and
+    whoever else may write it. A sticky folder holds that back only for a folder entry
+    (renamed by its owner alone, moved in only by whoever may write it, to update its
+    ``..``); a link or a file of anyone's can be moved in by any writer."""
     found: set[Placer] = set()
     if not trusted(folder.st_uid):
         found.add(("user", folder.st_uid))
-    mode = folder.st_mode
-    if mode & stat.S_ISVTX and mode & (stat.S_IWGRP | stat.S_IWOTH):
-        if not trusted(entry.st_uid):  # a sticky folder: only the entry's owner moves it
+    writers = folder
+    if folder.st_mode & stat.S_ISVTX and stat.S_ISDIR(entry.st_mode):
+        if not trusted(entry.st_uid):
             found.add(("user", entry.st_uid))
-        return found
-    if mode & stat.S_IWGRP and not group_trusted(folder.st_gid):
-        found.add(("group", folder.st_gid))
-    if mode & stat.S_IWOTH:
+        writers = entry
+    if writers.st_mode & stat.S_IWGRP and not group_trusted(writers.st_gid):
+        found.add(("group", writers.st_gid))
+    if writers.st_mode & stat.S_IWOTH:
         found.add(ANYONE)
     return found
 
 
 def note(
-    placed: dict[Placer, str],
+    placed: dict[Placer, tuple[str, bool]],
     folder: os.stat_result,
     entry: os.stat_result,
     at: str,
     looks: dict[str, os.stat_result] | None = None,
 ) -> None:
-    """Add to ``placed`` who could have put ``entry`` at ``at`` (in ``folder``), in words:
-    those who may write the folder and reach it (a 0777 folder inside a 0700 one is its
-    owner's alone), and a link's owner."""
-    for placer in sorted(placers(folder, entry)):
-        if reaches(placer, at, looks):
-            placed.setdefault(placer, f"{at}, which {describe(placer)} could have put there")
+    """Add to ``placed`` who could have put ``entry`` at ``at`` (in ``folder``): those who may
+    write the folder and reach it (a 0777 folder inside a 0700 one is its owner's alone), and
+    a link's owner; each with the first name of theirs and whether it is their link."""
+    for placer in placers(folder, entry):
+        if placer not in placed and reaches(placer, at, looks):
+            placed[placer] = (at, False)
     if stat.S_ISLNK(entry.st_mode) and not trusted(entry.st_uid):
         link_owner = ("user", entry.st_uid)
-        if LINK_WORDS not in placed.get(link_owner, ""):  # their link says more than a name
-            placed[link_owner] = f"{at}, {LINK_WORDS} {describe(link_owner)}"
+        if not placed.get(link_owner, ("", False))[1]:  # their link says more than a name
+            placed[link_owner] = (at, True)
+
+
+def words(placer: Placer, how: tuple[str, bool]) -> str:
+    """``/x/y, a symbolic link made by bob (uid 1001)`` or ``/x/y, which anyone could have
+    put there``."""
+    at, link = how
+    if link:
+        return f"{at}, a symbolic link made by {describe(placer)}"
+    return f"{at}, which {describe(placer)} could have put there"
 
 
 def describe(placer: Placer) -> str:
@@ -163,8 +177,9 @@ class Resolved:
     """A path resolved as the kernel resolves it, with who placed what on the way."""
 
     path: str
-    placed: dict[Placer, str] = field(default_factory=dict)
-    """Each placer -> the name on the path they could have placed, in words (the first)."""
+    placed: dict[Placer, tuple[str, bool]] = field(default_factory=dict)
+    """Each placer -> the first name on the path they could have placed, and whether it is
+    their link (see ``words``)."""
 
 
 def resolve(path: str, seen: dict[str, os.stat_result] | None = None) -> Resolved:
@@ -224,18 +239,23 @@ def refusal(
         moved = True
     if moved:
         return "reached through a path that changed as it was opened (a link swapped meanwhile)"
-    for placer, how in sorted(found.placed.items()):
-        if may(placer, opened, R) and reaches(placer, found.path, seen):
+    for placer, how in sorted(found.placed.items(), key=lambda item: (not item[1][1], item)):
+        shut = shut_folder(placer, found.path, seen)  # their links first: the clearest cause
+        if may(placer, opened, R) and shut is None:
             continue
-        who = describe(placer)
+        why = (
+            f"the folder {shut} is shut to them" if shut is not None
+            else f"mode {stat.S_IMODE(opened.st_mode):04o}, owner {owner_name(opened.st_uid)}"
+        )  # fmt: skip
         return (
-            f"reached through {how}, and {who} cannot read the file it leads to ({found.path}: "
-            f"mode {stat.S_IMODE(opened.st_mode):04o}, owner {owner_name(opened.st_uid)}); a "
-            "file is read only when whoever shaped its path could read it themselves"
+            f"reached through {words(placer, how)}, and {describe(placer)} cannot read the file "
+            f"it leads to ({found.path}: {why}); a file is read only when whoever shaped its "
+            "path could read it themselves"
         )
     return None
 
 
+@functools.lru_cache(maxsize=256)
 def owner_name(uid: int) -> str:
     """``alice (uid 1001)``, or ``uid 1001`` for a uid without a name."""
     import pwd
@@ -246,6 +266,7 @@ def owner_name(uid: int) -> str:
         return f"uid {uid}"
 
 
+@functools.lru_cache(maxsize=256)
 def group_name(gid: int) -> str:
     """``group lab (gid 1001)``, or ``group 1001``."""
     import grp

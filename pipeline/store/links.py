@@ -68,7 +68,7 @@ def walk(path: str, what: str) -> Walked:
     parts = deque(p for p in path.split("/") if p)
     fd = os.open("/", PATH_FLAGS)
     where, followed = "/", 0
-    planted: dict[deputy.Placer, str] = {}  # who could have placed a link followed -> words
+    planted: dict[deputy.Placer, tuple[str, bool]] = {}  # who could have placed a link
     try:
         while parts:
             part = parts.popleft()
@@ -128,20 +128,21 @@ def _check_link(
 
 
 def _check_deputy(
-    given: str, what: str, planted: dict[deputy.Placer, str], fd: int, where: str
+    given: str, what: str, planted: dict[deputy.Placer, tuple[str, bool]], fd: int, where: str
 ) -> None:
     """A link someone else could have placed leads only into a folder they could write."""
     if not planted:
         return
     folder = os.fstat(fd)
-    for placer, how in sorted(planted.items()):
+    for placer, how in sorted(planted.items(), key=lambda item: (not item[1][1], item)):
         if deputy.may(placer, folder, deputy.W | deputy.X) and deputy.reaches(placer, where + "/-"):
             continue
         raise UnsafeOutputError(
-            f"{what} ({given}): the way there passes {how}, leading to {where}, which "
-            f"{deputy.describe(placer)} cannot write (mode {stat.S_IMODE(folder.st_mode):04o}, "
-            f"owner {owner_name(folder.st_uid)}); this tool writes through a link only where "
-            "whoever could have placed it could write: give the real location, or remove the link"
+            f"{what} ({given}): the way there passes {deputy.words(placer, how)}, leading to "
+            f"{where}, which {deputy.describe(placer)} cannot write (mode "
+            f"{stat.S_IMODE(folder.st_mode):04o}, owner {owner_name(folder.st_uid)}); this "
+            "tool writes through a link only where whoever could have placed it could write: "
+            "give the real location, or remove the link"
         )
 
 

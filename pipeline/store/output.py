@@ -88,9 +88,10 @@ class Output:
 
     __repr__ = redacted_repr
 
-    def check_path(self, inputs: list[str]) -> None:
+    def check_path(self, inputs: list[str], readable: bool = False) -> None:
         """Refuse OUT equal to, inside, or containing an input (overwrite could destroy it),
-        and stores that can't take concurrent writers."""
+        and stores that can't take concurrent writers; ``readable``: and inputs whose files
+        another user's path leads to (pipeline.store.reach.check_readable)."""
         check_protocol(self.url, "OUT")
         check_writable(self.url)
         out_key = location(self.url, self.storage_options)
@@ -101,11 +102,11 @@ class Output:
                     f"OUT ({self.url}) overlaps input {name} ({url}); inputs are never "
                     "written: choose an OUT path outside every input"
                 )
-        self.check_apart(list(zip(("A", "B", "C"), inputs, strict=False)))
+        self.check_apart(list(zip(("A", "B", "C"), inputs, strict=False)), readable)
 
-    def check_apart(self, inputs: list[tuple[str, str]]) -> None:
+    def check_apart(self, inputs: list[tuple[str, str]], readable: bool = False) -> None:
         """Refuse a local OUT that reaches a folder or file an input reaches, links followed."""
-        check_apart("OUT", self.url, inputs)
+        check_apart("OUT", self.url, inputs, readable)
 
     def record(self) -> OutRecord | None:
         """None when OUT does not exist (or is a folder holding nothing but a lock); our

@@ -100,12 +100,12 @@ def _marks(st: os.stat_result) -> str:
     return f"{st.st_size}|{st.st_mtime_ns}|{st.st_ctime_ns}|{st.st_ino}"
 
 
-def check_apart(what: str, url: str, inputs: list[tuple[str, str]]) -> None:
+def check_apart(what: str, url: str, inputs: list[tuple[str, str]], readable: bool = False) -> None:
     """Refuse a local ``what`` (OUT, or C) at ``url`` that reaches a folder or file one of
     ``inputs`` (name, URL) reaches, links followed: an input's ``c/`` linked into OUT, OUT's
     into an input. By identity, not by name; object stores have neither links nor inodes.
-    A local input's files reached through another user's link are checked too
-    (``check_readable``), before any work."""
+    ``readable``: each local input's files are checked too (``check_readable``), once per
+    job, before any work."""
     local = local_path(url)
     out = None if local is None else reach(local)
     for name, other in inputs:
@@ -113,7 +113,8 @@ def check_apart(what: str, url: str, inputs: list[tuple[str, str]]) -> None:
         if path is None:
             continue
         found = reach(path)
-        check_readable(name, other, path, found)
+        if readable:
+            check_readable(name, other, path, found)
         hit = None if out is None else shared(out, found)
         if hit is not None:
             raise UnsafeOutputError(

@@ -74,7 +74,7 @@ def test_the_owner_rule(link_uid: int, folder_mode: int, folder_uid: int, follow
         (0o644, 0, 0, deputy.R, True),
         (0o640, 0, 12345, deputy.R, False),  # a group the user is not in
         (0o600, 600, 0, deputy.R, True),  # the user's own
-        (0o066, 600, 0, deputy.R, False),  # the owner's bits decide for the owner
+        (0o066, 600, 0, deputy.R, True),  # their own: they can chmod it at will
         (0o755, 0, 0, deputy.W | deputy.X, False),
         (0o777, 0, 0, deputy.W | deputy.X, True),
     ],
@@ -260,11 +260,19 @@ def test_a_link_in_the_planters_own_folder_leads_only_where_they_could_write(
 
 
 @needs_root
-def test_roots_own_link_in_a_shared_folder_is_followed(site: Path) -> None:
-    (site / "shared" / "mine").symlink_to(site / "private" / "target")
-    done = cli(site, "multiply", "a.zarr", "a.zarr", "shared/mine", *QUIET)
+def test_roots_own_link_is_followed_where_only_root_could_have_put_it(site: Path) -> None:
+    (site / "mine").symlink_to(site / "private" / "target")  # in root's 0755 folder
+    done = cli(site, "multiply", "a.zarr", "a.zarr", "mine", *QUIET)
     assert done.returncode == 0, done.stderr
     assert zarr.open_array(str(site / "private" / "target"))[0, 0] == 1.0
+
+
+@needs_root
+def test_roots_own_link_in_a_sticky_folder_is_anyones(site: Path) -> None:
+    (site / "shared" / "mine").symlink_to(site / "private" / "target")  # or moved in by them
+    line = refused(cli(site, "multiply", "a.zarr", "a.zarr", "shared/mine", *QUIET))
+    assert f"{site}/shared/mine, which anyone could have put there" in line
+    untouched(site)
 
 
 @needs_root
@@ -281,7 +289,7 @@ def test_an_input_chunk_linked_to_a_file_its_owner_cannot_read_is_refused(
     line = refused(done)
     assert f"{chunk}, a symbolic link made by nobody (uid {PLANTER})" in line
     assert f"nobody (uid {PLANTER}) cannot read the file it leads to" in line
-    assert "mode 0600" in line
+    assert f"the folder {site}/private is shut to them" in line
     assert not (site / "out.zarr").exists()
     assert repr(SECRET) not in done.stdout + done.stderr
 
@@ -446,3 +454,40 @@ def test_another_users_empty_folder_in_a_shared_folder_is_not_a_new_out(
     line = refused(cli(site, command, *inputs, "shared/out.zarr", *QUIET))
     assert f"is an empty folder nobody (uid {PLANTER}) made" in line
     assert out.is_dir() and os.listdir(out) == []  # theirs: neither written nor removed
+
+
+@needs_root
+def test_roots_link_moved_into_a_sticky_folder_steers_nothing(site: Path) -> None:
+    group = site / "group"
+    group.mkdir()
+    os.chown(group, 0, PLANTER)
+    os.chmod(group, 0o2775)
+    write_array(site / "private" / "arr.zarr", np.full((8, 8), SECRET), (4, 4))
+    (group / "to-arr").symlink_to(site / "private" / "arr.zarr")
+    (group / "to-target").symlink_to(site / "private" / "target")
+    subprocess.run(  # a member of the group moves root's links into the sticky folder
+        ["sh", "-c", f"mv {group}/to-arr {site}/shared/in.zarr && mv {group}/to-target "
+         f"{site}/shared/out"],
+        check=True, user=PLANTER, group=PLANTER, extra_groups=[PLANTER],
+    )  # fmt: skip
+    done = cli(site, "multiply", "shared/in.zarr", "a.zarr", "o.zarr", *QUIET)
+    assert f"{site}/shared/in.zarr, which anyone could have put there" in refused(done)
+    assert not (site / "o.zarr").exists()
+    line = refused(cli(site, "multiply", "a.zarr", "a.zarr", "shared/out/o.zarr", *QUIET))
+    assert f"{site}/shared/out, which anyone could have put there" in line
+    assert os.listdir(site / "private" / "target") == []
+
+
+@needs_root
+def test_a_placer_who_shut_their_folder_is_still_one(site: Path) -> None:
+    own = site / "homes" / "theirs"
+    own.mkdir(parents=True)
+    os.chown(own, PLANTER, PLANTER)
+    (own / "in").symlink_to(site / "private" / "secret")  # as if moved there by them
+    as_planter("chmod", "0", str(own))  # they can open it again at will
+    source = site / "x.zarr"
+    zarr.create_array(str(source), data=np.ones((8, 8)), chunks=(4, 4), compressors=None)
+    (source / "c" / "0" / "0").unlink()
+    (source / "c" / "0" / "0").symlink_to(own / "in")
+    line = refused(cli(site, "multiply", "x.zarr", "a.zarr", "o.zarr", *QUIET))
+    assert f"{own}/in, which nobody (uid {PLANTER}) could have put there" in line
