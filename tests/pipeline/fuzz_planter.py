@@ -26,6 +26,9 @@ Attack kinds, SLOT:SHAPE:
   /dev/zero, or a link to root's 0600 zip of the secret;
 - during: the planter swaps a link in at OUT, at OUT's parent, at a chunk of its input, at
   C's chunk folder or at the report, or an empty folder of its own at OUT, mid-job;
+- moved: root's own link (to its secret array, or to a folder only root may write) or its
+  0600 copy of a secret chunk, in ``lab/`` (2775, the planter's group), moved by the planter
+  into the shared folder as its input, as OUT, or as a chunk of its input;
 - control: nothing planted; the job must succeed (a checker that flags root's own writes, or a
   CLI that fails for some other reason, shows here).
 
@@ -89,6 +92,7 @@ KINDS = (
     *(f"zip:{shape}" for shape in ("member-link", "bomb", "fifo", "dev-zero", "root-zip")),
     *(f"during:{shape}" for shape in ("out-link", "out-folder", "parent", "input-chunk",
                                       "c-chunkdir", "report")),
+    *(f"moved:{shape}" for shape in ("input", "out", "chunk")),
     *(f"control:{shape}" for shape in ("multiply", "gram", "report", "accumulate")),
 )  # fmt: skip
 
@@ -165,6 +169,8 @@ def build_case(root: Path, seed: int) -> Case:
     _root_folder(root / "private" / "data", 0o700)
     _root_file(root / "private" / "data" / "notes.txt", MARKER + b" notes of root's\n")
     _root_folder(root / "vault", 0o711)
+    _root_folder(root / "lab", 0o2775)  # root's links and files, renamed by any member
+    os.chown(root / "lab", 0, PLANTER_GID)
     _root_folder(case.shared, 0o1777)
     if case.rng.random() < 0.5:
         os.chown(case.shared, 0, PLANTER_GID)
@@ -290,7 +296,8 @@ def prepare(case: Case, step: int, kind: str) -> Attack:
     mine = case.data.uniform(-1, 1, SHAPE)
     a_files = _files(case, mine, layout)
     build = {"out": _slot, "gram": _slot, "report": _slot, "c": _c, "read": _read,
-             "zip": _zip_input, "during": _during, "control": _control}[family]  # fmt: skip
+             "zip": _zip_input, "during": _during, "moved": _moved,
+             "control": _control}[family]  # fmt: skip
     return build(case, step, kind, layout, a_files)
 
 
@@ -441,6 +448,28 @@ def _during(case: Case, step: int, kind: str, layout: Layout, a_files: dict[str,
         command = _multiply(kind, a, f"shared/{out}", "--report", f"shared/report-{step}.html")
     writes = tuple(w for w in command.argv if w.startswith("shared/") and w not in command.operands)
     return Attack(kind, command, writes, tuple(ops), (swap,), delay)
+
+
+def _moved(case: Case, step: int, kind: str, layout: Layout, a_files: dict[str, bytes]) -> Attack:
+    """Root's own link or file in ``lab/`` (2775, the planter's group) moved by the planter
+    into the shared folder: who owns a name says nothing of who put it there."""
+    shape, lab = kind.split(":")[1], case.root / "lab"
+    if shape == "input":  # root's link to its secret array, now the planter's "input"
+        (lab / f"data-{step}").symlink_to(case.root / f"private/secret-{step}.zarr")
+        ops: list[Op] = [("move", f"../lab/data-{step}", f"a-{step}.zarr")]
+        return _read_command(case, step, kind, f"shared/a-{step}.zarr", ops)
+    if shape == "out":  # root's link to a folder only root may write, now at OUT's path
+        (lab / f"results-{step}").symlink_to(case.root / f"private/target-{step}")
+        a, ops = _clean_input(step, a_files)
+        ops.append(("move", f"../lab/results-{step}", f"out-{step}.zarr"))
+        out = f"shared/out-{step}.zarr"
+        return Attack(kind, _multiply(kind, a, out), (out,), tuple(ops))
+    key = case.rng.choice(layout.keys)  # chunk: root's 0600 copy of a secret chunk, moved in
+    secret = case.root / f"private/secret-{step}.zarr/{key}"
+    _root_file(lab / f"chunk-{step}", secret.read_bytes())
+    ops = _tree_ops(f"a-{step}.zarr", a_files, skip=(key,))
+    ops.append(("move", f"../lab/chunk-{step}", f"a-{step}.zarr/{key}"))
+    return _read_command(case, step, kind, f"shared/a-{step}.zarr", ops)
 
 
 def _control(case: Case, step: int, kind: str, layout: Layout, a_files: dict[str, bytes]) -> Attack:

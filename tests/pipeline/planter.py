@@ -31,7 +31,9 @@ Op = tuple[Any, ...]
 """("mkdir", path, mode), ("write", path, bytes, mode), ("symlink", target, path),
 ("swap", target, path): path replaced by a link (a folder there is renamed to path.moved
 first), ("folder", path): path replaced by an empty folder, ("fifo", path),
-("hardlink", source, path), ("read", path). Paths relative to the shared folder."""
+("hardlink", source, path), ("move", source, path) (a rename: someone else's link or file
+taken from a folder the planter may write), ("read", path). Paths relative to the shared
+folder."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +127,7 @@ def _apply(op: Op) -> tuple[str, str | None, float]:
 
 def describe(op: Op) -> str:
     kind, *args = op
-    if kind in ("symlink", "swap", "hardlink"):
+    if kind in ("symlink", "swap", "hardlink", "move"):
         return f"{args[1]} -> {args[0]} ({kind})"
     if kind == "write":
         return f"{args[0]}: {len(args[1])} bytes"
@@ -156,6 +158,8 @@ def _do(op: Op) -> None:
         os.mkfifo(args[0])
     elif kind == "hardlink":
         os.link(args[0], args[1], follow_symlinks=False)
+    elif kind == "move":
+        os.rename(args[0], args[1])
     elif kind == "read":
         with open(args[0], "rb") as f:
             f.read(1)
