@@ -6,13 +6,13 @@ people who shape the paths it follows. A name in a folder was put there by someo
 reach and write that folder (its owner, its group, anyone: a sticky folder keeps others from
 renaming a folder in it, not from moving a link or a file of someone else's in), and a link's
 target by the link's owner. Owners count as able to do anything with what they own: they can
-chmod it back. Any of them but the caller and root is a *placer*. Followed blindly, a placer's name
-hands them the caller's rights: a chunk of their input linked to (or moved from) a file only
-root can read puts its bytes in OUT; OUT's folder linked into one only root can write makes
-root write there. So a file is read only when every placer on its path could read it, and a
-link is written through only into a folder every placer could write, judged by mode bits,
-owner and groups, with the right to search every folder above. A group whose members are all
-the caller (or root) places nothing: a user's private group is theirs.
+chmod it back. Any of them but the caller and root is a *placer*. Followed blindly, a
+placer's name hands them the caller's rights: a chunk of their input linked to (or moved
+from) a file only root can read puts its bytes in OUT; OUT's folder linked into one only root
+can write makes root write there. So a file is read only when every placer on its path could
+read it, and a link is written through only into a folder every placer could write, judged
+by mode bits, owner and groups, with the right to search every folder above. A group whose
+members are all the caller (or root) places nothing: a user's private group is theirs.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ R, W, X = 4, 2, 1
 """The permission bits of one class (owner, group, others)."""
 ANYONE = ("anyone", -1)
 MAX_LINKS = 40
+"""Links followed on one path before it is taken for a loop (Linux's own limit)."""
 
 
 @functools.lru_cache(maxsize=256)

@@ -8,8 +8,9 @@ caller may write: refused, naming the link and its owner. Paths are walked from 
 component at a time with ``O_NOFOLLOW`` under the parent's descriptor, each link checked
 before it is followed, so a link swapped in after a check is met by the next walk.
 
-A link another user made, followed, must also lead only into a folder that user could write
-(pipeline.store.deputy, which also holds the rule for reads).
+A link followed must also lead only into a folder whoever could have placed it could write
+(pipeline.store.deputy, which also holds the rule for reads): in a folder others can write,
+even a link of the caller's may have been moved there by them.
 """
 
 from __future__ import annotations
@@ -31,8 +32,7 @@ O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 PATH_FLAGS = (O_PATH or os.O_RDONLY) | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
 """A folder passed through: ``O_PATH`` needs only the right to search it, as a path does."""
 OPEN_FLAGS = os.O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC
-MAX_LINKS = 40
-"""Links followed on one path before it is taken for a loop (Linux's own limit)."""
+MAX_LINKS = deputy.MAX_LINKS
 OTHERS_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
 
