@@ -491,3 +491,106 @@ def test_a_placer_who_shut_their_folder_is_still_one(site: Path) -> None:
     (source / "c" / "0" / "0").symlink_to(own / "in")
     line = refused(cli(site, "multiply", "x.zarr", "a.zarr", "o.zarr", *QUIET))
     assert f"{own}/in, which nobody (uid {PLANTER}) could have put there" in line
+
+
+# -- the same rules called in this process (what a mutation run can see) ------------------------
+
+
+@pytest.mark.parametrize(
+    ("folder_mode", "entry_mode", "entry_uid", "want"),
+    [
+        (stat.S_IFDIR | 0o0755, stat.S_IFREG | 0o644, 600, set()),  # only root writes there
+        (stat.S_IFDIR | 0o0777, stat.S_IFREG | 0o644, 0, {deputy.ANYONE, ("group", 12345)}),
+        (stat.S_IFDIR | 0o1757, stat.S_IFLNK | 0o777, 0, {deputy.ANYONE}),  # moved in
+        (stat.S_IFDIR | 0o1777, stat.S_IFDIR | 0o755, 0, set()),  # root's folder: not moved
+        (stat.S_IFDIR | 0o1777, stat.S_IFDIR | 0o755, 600, {("user", 600)}),
+        (stat.S_IFDIR | 0o1777, stat.S_IFDIR | 0o757, 0, {deputy.ANYONE}),  # moved in by anyone
+        (stat.S_IFDIR | 0o2775, stat.S_IFREG | 0o644, 0, {("group", 12345)}),
+    ],
+)
+def test_who_could_have_put_a_name_there(
+    folder_mode: int, entry_mode: int, entry_uid: int, want: set[deputy.Placer]
+) -> None:
+    folder = fake_stat(folder_mode, 0, 12345)
+    entry = fake_stat(entry_mode, entry_uid, 12345)
+    assert deputy.placers(folder, entry) == want
+
+
+def test_a_folder_of_another_users_is_theirs_to_have_filled() -> None:
+    folder = fake_stat(stat.S_IFDIR | 0o755, PLANTER)
+    assert deputy.placers(folder, fake_stat(stat.S_IFREG | 0o644, 0)) == {("user", PLANTER)}
+
+
+def test_what_a_group_or_anyone_may_do() -> None:
+    shared = fake_stat(stat.S_IFDIR | 0o2770, 0, 4242)
+    assert deputy.may(("group", 4242), shared, deputy.W | deputy.X)
+    assert not deputy.may(("group", 4243), shared, deputy.X)
+    assert not deputy.may(deputy.ANYONE, shared, deputy.X)
+    assert deputy.may(deputy.ANYONE, fake_stat(stat.S_IFDIR | 0o0703, 0), deputy.W | deputy.X)
+
+
+def test_a_relative_path_is_walked_from_the_working_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "mine").symlink_to("real")
+    monkeypatch.chdir(tmp_path)
+    assert links.resolve("mine/new.zarr", "OUT") == str(tmp_path / "real" / "new.zarr")
+    assert links.resolve("mine/../x/../y.zarr", "OUT") == str(tmp_path / "y.zarr")
+
+
+@needs_root
+def test_the_walk_itself_refuses_a_planted_link(site: Path) -> None:
+    as_planter("ln", "-s", str(site / "private" / "target"), str(site / "shared" / "out.zarr"))
+    given = str(site / "shared" / "out.zarr")
+    with pytest.raises(UnsafeOutputError) as refused_:
+        links.resolve(given, "OUT")
+    assert str(refused_.value).startswith(f"OUT ({given}): {given} is a symbolic link owned by")
+    with pytest.raises(UnsafeOutputError):
+        links.open_folder(given + "/x", "OUT")
+    untouched(site)
+
+
+@needs_root
+def test_the_walk_itself_writes_through_a_placers_link_only_where_they_could(
+    site: Path,
+) -> None:
+    own = site / "shared" / "theirs"
+    as_planter("mkdir", "-m", "755", str(own))
+    as_planter("ln", "-s", str(site / "private"), str(own / "p"))
+    scratch = site / "scratch"
+    scratch.mkdir()
+    os.chmod(scratch, 0o777)
+    as_planter("ln", "-s", str(scratch), str(own / "s"))
+    given = f"{own}/p/o.zarr"
+    with pytest.raises(UnsafeOutputError) as refused_:
+        links.resolve(given, "OUT")
+    assert str(refused_.value).startswith(
+        f"OUT ({given}): the way there passes {own}/p, a symbolic link made by nobody"
+    )
+    assert f"leading to {site}/private, which nobody (uid {PLANTER}) cannot write" in str(
+        refused_.value
+    )
+    assert links.resolve(f"{own}/s/o.zarr", "OUT") == f"{scratch}/o.zarr"
+    os.chmod(site / "private", 0o777)  # they could write it now, but not reach it:
+    os.chmod(site, 0o751)
+    with pytest.raises(UnsafeOutputError, match="cannot write"):
+        links.resolve(f"{own}/p/target/o.zarr", "OUT")
+
+
+@needs_root
+def test_the_read_check_itself_names_the_placer_and_what_shuts_them_out(site: Path) -> None:
+    chunk = first_chunk(planters_input(site), 3)
+    chunk.unlink()
+    os.rename(site / "private" / "secret", chunk)
+    os.chmod(chunk, 0o644)
+    assert deputy.refusal(str(chunk), os.stat(chunk)) is None  # they may read it: fine
+    os.chmod(chunk, 0o600)
+    said = deputy.refusal(str(chunk), os.stat(chunk)) or ""
+    assert said.startswith(f"reached through {site}/shared/in.zarr, which nobody (uid {PLANTER})")
+    assert "mode 0600, owner root (uid 0)" in said
+    os.chmod(chunk, 0o644)
+    os.chmod(chunk.parent, 0o700)
+    os.chown(chunk.parent, 0, 0)  # root's folder now, in theirs: shut to them
+    said = deputy.refusal(str(chunk), os.stat(chunk)) or ""
+    assert f"the folder {chunk.parent} is shut to them" in said
