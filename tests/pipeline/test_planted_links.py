@@ -521,11 +521,22 @@ def test_a_folder_of_another_users_is_theirs_to_have_filled() -> None:
     assert deputy.placers(folder, fake_stat(stat.S_IFREG | 0o644, 0)) == {("user", PLANTER)}
 
 
+@pytest.mark.skipif(deputy.groups_of(PLANTER) != {PLANTER}, reason="nobody has no group here")
+@pytest.mark.parametrize(
+    ("mode", "allowed"), [(0o040, True), (0o004, False), (0o400, False), (0o044, True)]
+)
+def test_a_users_groups_give_them_the_group_bits(mode: int, allowed: bool) -> None:
+    st = fake_stat(stat.S_IFREG | mode, 0, PLANTER)  # root's file of nobody's group
+    assert deputy.can(PLANTER, st, deputy.R) is allowed
+
+
 def test_what_a_group_or_anyone_may_do() -> None:
     shared = fake_stat(stat.S_IFDIR | 0o2770, 0, 4242)
     assert deputy.may(("group", 4242), shared, deputy.W | deputy.X)
     assert not deputy.may(("group", 4243), shared, deputy.X)
     assert not deputy.may(deputy.ANYONE, shared, deputy.X)
+    assert not deputy.may(("group", 4242), fake_stat(stat.S_IFDIR | 0o2710, 0, 4242), deputy.W)
+    assert deputy.may(("user", 7), fake_stat(stat.S_IFDIR | 0o0700, 7), deputy.W | deputy.X)
     assert deputy.may(deputy.ANYONE, fake_stat(stat.S_IFDIR | 0o0703, 0), deputy.W | deputy.X)
 
 
