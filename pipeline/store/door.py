@@ -95,11 +95,14 @@ class Door:
 
     def _open_root(self) -> int:
         """The root's descriptor: walked from the folder a job pinned when it holds one above
-        (or at) the root, so a folder swapped in at that path meanwhile is refused."""
+        (or at) the root, so a folder swapped in at that path meanwhile is refused. Unpinned,
+        the folders above are walked under the owner rule (pipeline.store.links); pinned, the
+        folder's identity settles where the path leads, so a plain open serves (every chunk
+        write of a job comes here)."""
         pinned = _pinned_base(self.root)
         base = self.root if pinned is None else pinned[0]
         try:
-            fd = links.open_folder(base, self.what)  # no link on the way that others planted
+            fd = os.open(base, DIR_FLAGS) if pinned else links.open_folder(base, self.what)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise self._refuse("", "is a symbolic link or not a folder") from e
