@@ -294,10 +294,9 @@ def check_operation(
 ) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool]:
     """``check_shapes``, with the transposes (given, else C's record) and whether C is a
     Gram product's."""
-    for url, name in ((a_url, "A"), (b_url, "B"), (c_url, "C")):
-        check_credentials(url, name)
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))
     for url, name in ((a_url, "A"), (b_url, "B"), (c_url, "C")):
+        check_credentials(url, name)
         local = local_path(url)
         if local is not None:  # before any task reads a file another user's path leads to
             check_readable(name, url, local)
