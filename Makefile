@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml requirements/constraints.txt
 	$(PY) -m pip install --quiet -c requirements/constraints.txt -e '.[test]'
 	# An editable install is not byte-compiled (a wheel is): without this, every CLI start
 	# compiles our ~100 modules again where PYTHONDONTWRITEBYTECODE is set (~0.15 s).
-	$(PY) -m compileall -q pipeline kernels cluster benchmarks > /dev/null
+	$(PY) -m compileall -q pipeline kernels cluster tilegemm benchmarks > /dev/null
 	touch $@
 
 venv: $(VENV)/.installed
@@ -44,8 +44,8 @@ mutate: venv
 	nice -n 19 $(PY) -m benchmarks.mutate $(if $(MUTATE),--only $(MUTATE)) --out benchmarks/results/mutation.md
 
 lint: venv
-	$(PY) -m ruff check pipeline kernels cluster tests benchmarks docs
-	$(PY) -m ruff format --check pipeline kernels cluster tests benchmarks docs
+	$(PY) -m ruff check pipeline kernels cluster tilegemm tests benchmarks docs
+	$(PY) -m ruff format --check pipeline kernels cluster tilegemm tests benchmarks docs
 	$(PY) -m mypy
 	$(VENV)/bin/lint-imports --no-logo --no-cache  # the import contracts in pyproject.toml
 

@@ -93,7 +93,7 @@ def run_cli(a: str, b: str, out: Path, checkout: str | None = None) -> dict[str,
 
 def parse_rows(line: str) -> dict[str, float]:
     """The ``CPU-seconds by kind`` of a ``time:`` line."""
-    found = re.search(", ".join(rf"{row} (-?[\d.]+)" for row in ROWS), line)
+    found = re.search(", ".join(rf"{row} (-?[\d.]+)(?: CPU-s)?" for row in ROWS), line)
     if found is None:
         raise RuntimeError(f"no CPU-seconds by kind in: {line!r}")
     return {row: float(x) for row, x in zip(ROWS, found.groups(), strict=True)}

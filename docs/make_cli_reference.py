@@ -194,10 +194,11 @@ README_MEANINGS = {
     "same",
     "backend": "`auto` (default) uses CUDA when every worker sees a real GPU and the dtype is "
     "float32/float64, else CPU BLAS, and logs which; `cuda` and `cublas` need the GPU packages "
-    '(`pip install "zarr-tilegemm[cuda]"`; refused naming it without them); `cublas` runs the '
-    'block products with cuBLAS through CuPy (`pip install "zarr-tilegemm[cublas]"` on every GPU '
-    "worker: it brings `cupy-cuda13x[ctk]`, since CuPy 14 ships no cuBLAS without the `ctk` "
-    "extra); `emulated` (only by name) drives a modelled GPU that "
+    '(`pip install ".[cuda]"` in the checkout; refused naming it without them); `cublas` runs '
+    "the block products with cuBLAS through CuPy "
+    '(`pip install ".[cublas]"` in the checkout, on every GPU worker: it brings '
+    "`cupy-cuda13x[ctk]`, since CuPy 14 ships no cuBLAS without the `ctk` extra); `emulated` "
+    "(only by name) drives a modelled GPU that "
     "does no math — OUT is NaN — to measure how well the host feeds a device (see "
     "`make bench-feed`)",
     "scheduler": "use a running cluster (never shut down); without it a local cluster on "
@@ -232,8 +233,10 @@ README_MEANINGS = {
     "backend's modelled time where they differ by over 1.3x; see "
     "[Sizing a cluster](#sizing-a-cluster-you-dont-have)",
     "storage_gbps": "GB/s of array data each worker reads from storage (a shared file system "
-    "or an object store) in the plan's time; default: this host's calibrated local reads, "
-    "which the dry run names",
+    "or an object store) in the plan's time, and writes unless `--write-gbps` says; default: "
+    "this host's calibrated local reads and writes, which the dry run names",
+    "write_gbps": "GB/s of OUT's data each worker writes to storage in the plan's time; "
+    "default: `--storage-gbps`, else this host's calibrated local writes",
     "gpu_decode": "`cuda`/`emulated`: copy zstd chunks compressed and decode them on the GPU "
     "with nvCOMP (`pip install nvidia-nvcomp-cu13` on every GPU worker) instead of on the "
     "host; an input whose chunks are not plain zstd frames (sharded, Blosc, LZ4, ...) is "
@@ -257,6 +260,9 @@ README_MEANINGS = {
     "are sharded)",
     "transpose_a": "multiply by Aᵀ, read in place from the stored chunks (no transposed copy is "
     "written); see [Transposes and Gram matrices](#transposes-and-gram-matrices)",
+    "over": "the dimension summed over, by name (`lat,lon`: several): chooses "
+    "`--transpose-a/-b` so that each operand's `NAME` is the one contracted; an N-D field is read "
+    "in place as a matrix; see [Transposes and Gram matrices](#transposes-and-gram-matrices)",
     "overwrite": "replace an OUT this tool wrote, removing only the files it writes (an OUT "
     "holding anything else is refused)",
     "resume": "finish an interrupted OUT (journaled tiles are skipped, except those that read a "

@@ -15,10 +15,10 @@ measured (no GPU here). nvCOMP decodes a frame with one thread block, and one za
 one frame (a frame cannot be split undecoded), so a batch of F frames decodes at most F times
 as fast as one frame; one frame is taken as about one CPU core's zstd."""
 
-CUDA_INSTALL = 'pip install "zarr-tilegemm[cuda]"'
+CUDA_INSTALL = 'pip install ".[cuda]" in the zarr-tilegemm checkout'
 """What installs the GPU backends' packages (numba-cuda with its CUDA wheels, dask-cuda): a
-plain install runs on the CPU only."""
-CUBLAS_INSTALL = 'pip install "zarr-tilegemm[cublas]"'
+plain install runs on the CPU only. From a checkout: the package is not on PyPI yet."""
+CUBLAS_INSTALL = 'pip install ".[cublas]" in the zarr-tilegemm checkout'
 """What installs the cuda extra and CuPy with cuBLAS (cupy-cuda13x[ctk]: CuPy 14 ships no
 cuBLAS without the ctk extra)."""
 

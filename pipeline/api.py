@@ -3,7 +3,8 @@
 
 A, B and OUT may be paths (``str`` or ``os.PathLike``), fsspec URLs or ``zarr.Array`` objects
 (see pipeline.store.locate); an array given as OUT must be one this tool wrote, replaced with
-``overwrite=True`` or finished with ``resume=True``.
+``overwrite=True`` or finished with ``resume=True``. A and B may also be numpy or dask arrays,
+copied to a temporary Zarr array for the job (pipeline.store.in_memory).
 """
 
 from __future__ import annotations
@@ -33,14 +34,17 @@ from pipeline.options.product import (
     for_python,
     takes_options,
 )
-from pipeline.plan import standardize
+from pipeline.plan import dimensions, standardize
+from pipeline.plan.genotypes import check_kinship_orientation
 from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
-from pipeline.store import coordinates, groups, inputs
+from pipeline.store import coordinates, groups, in_memory, inputs
 from pipeline.store.chunks.raw import device_decodable
+from pipeline.store.fields import as_matrix
 from pipeline.store.fs import absolute, check_protocol, refuse_linked, resolve_url
 from pipeline.store.locate import locate, merge_options
+from pipeline.store.orient import orientation
 from pipeline.store.output import Output, check_chunk_count
 from pipeline.store.owned import check_finished
 from pipeline.store.report_file import check_report
@@ -56,12 +60,14 @@ log = logging.getLogger("pipeline")
 @takes_options(PREPARE)
 def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> MatmulJob:
     """Validate ``out = a @ b`` and plan it: inputs opened read-only, bad input refused, no
-    cluster started and nothing written. ``print(job)`` shows the plan; ``job.execute()``
-    runs it. ``dtype``, ``chunks`` and ``shards`` choose OUT's layout (default: follow the
-    inputs; see the README). ``transpose_a``/``transpose_b`` multiply op(A) = Aᵀ / op(B) = Bᵀ,
-    read in place; ``symmetric`` is set by ``pipeline.gram`` only (op(B) = op(A)ᵀ).
-    ``precision``: "fp32" (the dtype's own arithmetic), "tf32" or "3xtf32" (tensor cores:
-    float32 data, a GPU backend that lists it; refused before any work otherwise)."""
+    cluster started and nothing written but the temporary copy of a numpy or dask array given
+    as ``a`` or ``b`` (pipeline.store.in_memory). ``print(job)`` shows the plan;
+    ``job.execute()`` runs it. ``dtype``, ``chunks`` and ``shards`` choose OUT's layout
+    (default: follow the inputs; see the README). ``transpose_a``/``transpose_b`` multiply
+    op(A) = Aᵀ / op(B) = Bᵀ, read in place; ``symmetric`` is set by ``pipeline.gram`` only
+    (op(B) = op(A)ᵀ). ``precision``: "fp32" (the dtype's own arithmetic), "tf32" or "3xtf32"
+    (tensor cores: float32 data, a GPU backend that lists it; refused before any work
+    otherwise)."""
     settings.check_all()  # every tilegemm.* setting, before any work
     values = checked(options)
     _check_gpu_decode_backend(values["gpu_decode"], values["backend"])
@@ -74,6 +80,19 @@ def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> Matm
         verify=values["verify"],
         layout=layout,
     )
+    in_memory.refuse_as_out(out)
+    names = ("X", "X") if values["symmetric"] else ("A", "B")
+    (a, b), copies = in_memory.stage((a, b), names)  # arrays in memory: temporary Zarr copies
+    if copies is None:
+        return _prepare_stored(a, b, out, values, layout, beta)
+    with copies.removed_on_error():
+        return replace(_prepare_stored(a, b, out, values, layout, beta), operands=copies)
+
+
+def _prepare_stored(
+    a: Any, b: Any, out: Any, values: dict[str, Any], layout: OutputSpec, beta: float
+) -> MatmulJob:
+    """``prepare`` once A and B are stored (an array in memory as its temporary copy)."""
     urls, storage = _locate((a, b, out), values["storage_options"])  # an overlap first
     changes = {f"--{k}": values[k] for k in ("overwrite", "resume", "accumulate")}
     for flag in (f for f, on in changes.items() if on and isinstance(out, str | os.PathLike)):
@@ -81,10 +100,13 @@ def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> Matm
     report = values["report"] and check_report(
         values["report"], dict(zip(("A", "B", "OUT"), urls, strict=True)), storage
     )
+    oriented = orientation((urls[0], urls[1]), storage, values)  # --over, gram's --stack
+    values = values | dict(zip(("transpose_a", "transpose_b"), oriented.transposed, strict=True))
     asked = {"beta": beta, "storage_options": storage, "output": layout, "report": report}
     std = standardize.requested(
         values["center"], values["scale"], values["kinship"], values["ddof"],
-        rows=values["transpose_b"],
+        rows=values["transpose_b"], missing=values["missing"],
+        missing_code=values["missing_code"],
     ) if values["symmetric"] else None  # fmt: skip
     if std is not None and values["gpu_decode"]:
         raise UsageError(
@@ -98,7 +120,7 @@ def prepare(a: Any, b: Any, out: Any, **options: Unpack[PrepareOptions]) -> Matm
     check_scratch_dirs(urls, job_options.cluster, names)
     if symmetric:
         check_gram(urls, transposed)
-    store = StoreSpec(*urls, storage, transposed, symmetric)
+    store = StoreSpec(*urls, storage, transposed, symmetric, oriented.splits)
     return _validated(store, job_options, out, values["ignore_coordinates"])
 
 
@@ -135,11 +157,27 @@ def _validated(
     names = (
         (("X", store.a_url),) * 2 if store.symmetric else (("A", store.a_url), ("B", store.b_url))
     )
-    arrays = [inputs.open_input(url, store.storage_options, name) for name, url in names]
+    arrays = [  # an N-D field as the matrix it is read as (pipeline.store.fields)
+        as_matrix(inputs.open_input(url, store.storage_options, name), split)
+        for (name, url), split in zip(names, store.splits, strict=True)
+    ]
     for array, (name, url) in zip(arrays, names, strict=True):
         check_finished(array, name, url)
+    if not store.symmetric and store.a_url != store.b_url:  # a name shared but not summed
+        dimensions.check_shared(
+            (inputs.dimension_names(arrays[0]), inputs.dimension_names(arrays[1])),
+            store.transposed,
+        )
+    std = options.standardize
+    if std is not None and std.mode == "kinship":
+        check_kinship_orientation(inputs.dimension_names(arrays[0]), rows=std.axis == 1)
+    if std is not None and std.missing is not None and std.code is None:
+        marker = inputs.missing_marker(arrays[0])  # xarray's _FillValue of X: a missing call
+        if marker is not None:
+            std = replace(std, code=marker)
+            options = replace(options, standardize=std)
     for array, (name, url) in zip(arrays, names, strict=True):
-        inputs.check_encoding(array, name, url)
+        inputs.check_encoding(array, name, url, None if std is None else std.code)
     if options.gpu_decode:
         _check_device_decodable(arrays, names, store.transposed)
     a_spec, b_spec = (
@@ -181,8 +219,9 @@ def _validated(
 def multiply(
     a: Any, b: Any, out: Any, *, client: Client | None = None, **options: Unpack[ProductOptions]
 ) -> MultiplyResult:
-    """Compute ``out = a @ b`` for Zarr arrays (paths, fsspec URLs or zarr.Array objects);
-    see the README."""
+    """Compute ``out = a @ b`` for Zarr arrays (paths, fsspec URLs or zarr.Array objects; ``a``
+    and ``b`` also numpy or dask arrays); see the README. The result reads OUT back:
+    ``open()``, ``to_dask()``, ``to_xarray()``."""
     return prepare(a, b, out, **options).execute(client)
 
 

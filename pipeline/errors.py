@@ -30,6 +30,11 @@ class InputNotFoundError(PipelineError, FileNotFoundError):
     """An input path or URL holds no Zarr array."""
 
 
+COPY_FOLDER_PREFIX = "tilegemm-in-memory-"
+"""The name of a temporary folder holding copies of a job's arrays in memory starts so
+(pipeline.store.in_memory): a worker that cannot read one is told to use storage it reaches."""
+
+
 class InputUnreachableError(InputNotFoundError):
     """A worker cannot open an input this machine opened: it sees other files (no shared file
     system, another working folder) or may not read them."""
@@ -49,8 +54,12 @@ class InputUnreachableError(InputNotFoundError):
         where = f"a worker ({worker})" if worker else "a worker"
         target = url.rsplit("::", 1)[-1]  # a chained URL's (zip://A::a.zip) file or URL
         fix = (
-            "the workers must see the same paths as this machine (a shared file system), or "
-            "use a URL they can reach"
+            "it is an array in memory that this machine copied to its temporary folder for the "
+            "job, which the workers do not share: write the array to Zarr on storage they can "
+            "read (e.g. zarr.create_array('s3://bucket/a.zarr', data=array)) and pass that URL"
+            if COPY_FOLDER_PREFIX in target
+            else "the workers must see the same paths as this machine (a shared file system), "
+            "or use a URL they can reach"
             if "://" not in target
             else "the workers must reach the same storage: check their network and credentials"
         )
@@ -138,6 +147,10 @@ class NotASchedulerError(ClusterError, UsageError):
 class OutputUnreachableError(PipelineError, FileNotFoundError):
     """A worker cannot see OUT, which this machine created: it sees other files (no shared
     file system, another mount) or may not open them."""
+
+
+class MissingPackageError(PipelineError, ModuleNotFoundError):
+    """An optional package that a call needs is not installed (the message says which)."""
 
 
 class JobError(PipelineError, RuntimeError):

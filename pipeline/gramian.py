@@ -60,8 +60,8 @@ def gram(
     client: Client | None = None,
     **options: Unpack[ProductOptions],
 ) -> MultiplyResult:
-    """Compute ``out = xᵀ @ x`` (``rows=True``: ``x @ xᵀ``) for a 2-D Zarr array; the options
-    are ``multiply``'s that apply."""
+    """Compute ``out = xᵀ @ x`` (``rows=True``: ``x @ xᵀ``) for a 2-D Zarr array (or a numpy
+    or dask array, copied once); the options are ``multiply``'s that apply."""
     return prepare_gram(x, out, rows=rows, **options).execute(client)
 
 

@@ -13,7 +13,7 @@ import os
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -60,6 +60,7 @@ from pipeline.sensitive.text import redact_url
 from pipeline.sensitive.values import warn_if_exposed
 from pipeline.store import inputs, journal, owned, resume
 from pipeline.store.fs import local_path
+from pipeline.store.in_memory import TemporaryOperands
 from pipeline.store.lock import HeldLock
 from pipeline.store.output import Output, output_compressors
 from pipeline.store.record import OutRecord
@@ -98,6 +99,9 @@ class MatmulJob:
     """A's and B's chunk key encodings (name, separator): --resume maps changed keys to tiles."""
     live: dict[str, Any] | None = None
     """describe_workers() of the cluster the plan was made for (None: planned before one)."""
+    operands: TemporaryOperands | None = field(default=None, repr=False, compare=False)
+    """The temporary copies of A and B given as arrays in memory (None: none), removed once
+    the job has run (pipeline.store.in_memory)."""
 
     @property
     def output(self) -> Output:
@@ -107,7 +111,7 @@ class MatmulJob:
         """One line for a notebook (the fields hold the plan, the options and the workers)."""
         out, store = self.plan.out, self.store
         a, b = (
-            _shown(url) + ("ᵀ" if t else "")
+            ((self.operands and self.operands.shown(url)) or _shown(url)) + ("ᵀ" if t else "")
             for url, t in zip((store.a_url, store.b_url), store.transposed, strict=True)
         )
         kind = "gram " if store.symmetric else ""
@@ -185,7 +189,14 @@ class MatmulJob:
     @for_python
     def execute(self, client: Client | None = None) -> MultiplyResult:
         """Run the job on ``client`` (or a cluster started from the options, then closed).
-        OUT is claimed (created exclusively, locked, re-checked) before any cluster starts."""
+        OUT is claimed (created exclusively, locked, re-checked) before any cluster starts.
+        The temporary copies of arrays in memory are removed afterwards, whatever happens."""
+        if self.operands is None:
+            return self._execute(client)
+        with self.operands.used():
+            return self._execute(client)
+
+    def _execute(self, client: Client | None) -> MultiplyResult:
         started = time.perf_counter()
         opts = self.options
         if (room := self.room()) is not None:  # before anything is created
@@ -218,8 +229,9 @@ class MatmulJob:
             std = None  # a covariance's, correlation's or kinship's, measured before any tile
             if opts.standardize is not None:
                 std = moments.measure(
-                    c, self.store.a_url, self.store.storage_options, opts.standardize
-                )
+                    c, self.store.a_url, self.store.storage_options, opts.standardize,
+                    split=self.store.splits[0],
+                )  # fmt: skip
             at_start = resume.listings(self.store)
             self.output.check_apart(  # again under OUT's lock, before anything is written
                 [("A", self.store.a_url), ("B", self.store.b_url)]
@@ -257,7 +269,8 @@ class MatmulJob:
         result = MultiplyResult(
             plan.out.shape, plan.out.dtype, seconds, run.tiles_computed, len(skip),
             run.bytes_read, backend, plan, verified, run.phases, usage,
-            None if part is None else read_lower_bound(plan, part),
+            None if part is None else read_lower_bound(plan, part), std,
+            url=self.store.out_url, storage_options=self.store.storage_options,
         )  # fmt: skip
         if opts.report:  # where the seconds went, beside distributed's own report
             add_to_report(opts.report, result, opts.storage_options)
@@ -348,7 +361,9 @@ class MatmulJob:
             done = self.output.finished_tiles(
                 plan, fp, state, alpha=self.options.alpha, standardize=self.options.standardize
             )
-            return done - resume.forget_stale(self.output, plan, now, self.key_encodings)
+            return done - resume.forget_stale(
+                self.output, plan, now, self.key_encodings, self.store.splits
+            )
         if state is not None:
             self.output.remove_ours()  # --overwrite: our own files only, never a foreign one
         alpha = self.options.alpha
@@ -414,7 +429,7 @@ class MatmulJob:
         store = self.store
         result = verify_product(
             client, store.a_url, store.b_url, store.out_url, store.storage_options,
-            progress=self.options.progress, standardize=std,
+            progress=self.options.progress, standardize=std, splits=store.splits,
         )  # fmt: skip
         self.output.mark(fp, verified=result.passed)
         return result.passed

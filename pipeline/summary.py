@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from pipeline.cputime import ROWS
+from pipeline.plan.costs import CostModel
 from pipeline.plan.device_model import VENDOR
 from pipeline.plan.gpu_candidate import panel_decode_rate
 from pipeline.plan.matmul import MatmulPlan, cpu_resource_seconds
@@ -47,7 +48,7 @@ def format_plan(plan: MatmulPlan, more: tuple[tuple[str, str], ...] = ()) -> str
         (
             "workers",
             f"{plan.workers} x {plan.threads_per_worker} thread(s), "
-            f"{format_bytes(plan.memory_limit_bytes)} each",
+            f"{format_bytes(plan.memory_limit_bytes)} each{_said(plan.memory_source)}",
         ),
         ("memory per task", _task_memory(plan)),
         ("memory per worker", format_bytes(plan.worker_bytes)),
@@ -145,13 +146,7 @@ def _figures(plan: MatmulPlan) -> tuple[tuple[str, str], ...]:
         f"{costs.flops_per_second / 1e9:.0f} GFLOP/s and {decode / 1e9:.1f} GB/s decode per "
         "thread, plus a cost per chunk"
     )
-    if costs.read_rate:
-        storage = f"{costs.read_rate / 1e9:g} GB/s per worker (--storage-gbps)"
-    else:
-        storage = (
-            f"this host's calibrated local reads ({1 / max(costs.read.per_byte, 1e-15) / 1e9:.1f} "
-            "GB/s per thread; --storage-gbps sets a shared file system's or an object store's)"
-        )
+    storage = _storage(costs)
     d = plan.device
     if d is None:
         return (("host figures", host), ("storage", storage))
@@ -169,6 +164,28 @@ def _figures(plan: MatmulPlan) -> tuple[tuple[str, str], ...]:
             "GB/s peak, assumed), counted in the kernel's time"
         )
     return (("device figures", device), ("host figures", host), ("storage", storage))
+
+
+def _storage(costs: CostModel) -> str:
+    """The rates the storage and write terms are modelled at, each with where it comes from."""
+    reads = _rate("reads", costs.read_rate, "--storage-gbps", costs.read.per_byte)
+    writes = _rate("writes", costs.write_rate, costs.write_source, costs.write.per_byte)
+    hint = "; --storage-gbps sets a shared file system's or an object store's"
+    hint = "" if costs.read_rate else hint
+    return f"{reads}, {writes}{hint}"
+
+
+def _rate(what: str, given: float | None, flag: str, per_byte: float) -> str:
+    """A storage rate: the one given, per worker (by ``flag``), else this host's calibrated
+    local one, per thread."""
+    if given:
+        return f"{what} {given / 1e9:g} GB/s per worker ({flag})"
+    local = 1 / max(per_byte, 1e-15) / 1e9
+    return f"{what} {local:.1f} GB/s per thread (this host's calibrated local {what})"
+
+
+def _said(source: str) -> str:
+    return f" ({source})" if source else ""
 
 
 SPEEDUP_WORTH_TELLING = 1.3
@@ -211,6 +228,7 @@ def format_summary(result: MultiplyResult) -> str:
         f"precision {arithmetic(plan.precision, plan.compute_dtype)}); "
         f"tiles computed {result.tiles_computed}, skipped {result.tiles_skipped}; "
         f"{_reads(result)}; verify {verified}"
+        + (f"; {std.kind}: {std.counts()}" if (std := result.standardize) is not None else "")
     )
 
 
@@ -234,9 +252,10 @@ def _layout(plan: MatmulPlan) -> str:
 
 
 def format_accounting(result: MultiplyResult) -> str:
-    """Where the tile tasks' time went (thread-seconds), what the workers' processes used, and
-    their CPU-seconds by kind (pipeline.cputime: the kinds sum to user + system)."""
-    phases = ", ".join(f"{k} {v:.3f}" for k, v in result.phases.items())  # tiny jobs: ms
+    """Where the tile tasks' time went (thread-seconds: wall time summed over their threads),
+    what the workers' processes used, and their CPU-seconds by kind (pipeline.cputime: the kinds
+    sum to user + system). Each figure carries its unit: both sets have a ``product``."""
+    phases = ", ".join(f"{k} {v:.3f} thread-s" for k, v in result.phases.items())  # tiny: ms
     usage = result.usage
     cpu = (
         f"workers' CPU: user {usage['user_seconds']:.2f} s, system {usage['system_seconds']:.2f}"
@@ -244,9 +263,12 @@ def format_accounting(result: MultiplyResult) -> str:
         if usage
         else "workers' CPU: not measured"
     )
-    kinds = ", ".join(f"{row} {usage[f'cpu_{row}']:.2f}" for row in ROWS if f"cpu_{row}" in usage)
-    split = f"; CPU-seconds by kind: {kinds}" if kinds else ""
-    return f"time: thread-seconds {phases or 'none'}; {cpu}{split}"
+    kinds = ", ".join(
+        f"{row} {usage[f'cpu_{row}']:.2f} CPU-s" for row in ROWS if f"cpu_{row}" in usage
+    )
+    split = f"; workers' CPU-seconds by kind: {kinds}" if kinds else ""
+    head = "time: tile tasks' thread-seconds (wall time summed over their threads)"
+    return f"{head}: {phases or 'none'}; {cpu}{split}"
 
 
 def format_verify(result: VerifyResult) -> str:

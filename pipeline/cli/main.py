@@ -212,8 +212,11 @@ def run_verify(args: argparse.Namespace) -> int:
     from cluster.scratch_dirs import check_scratch_dirs
     from pipeline.summary import format_verify, format_verify_error
     from pipeline.verify.check import check_shapes, verify_product
+    from pipeline.verify.symmetry import gram_operands
 
     options = args.storage_options
+    if args.c is None:  # `verify X G`: a Gram product's, as G records it
+        args.a, args.b, args.c = gram_operands(args.a, args.b, options)
     given = (args.transpose_a, args.transpose_b)
     check_shapes(args.a, args.b, args.c, options, given)  # refuse before starting a cluster
     spec = _spec(args)

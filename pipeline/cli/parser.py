@@ -70,10 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     _product_args(gram, GRAM)
 
     ver = sub.add_parser(
-        "verify", help="exit 0 if C == A @ B within floating-point tolerance", parents=[common]
+        "verify",
+        help="exit 0 if C == A @ B within floating-point tolerance (`verify X G`: G a Gram "
+        "product of X that `gram` wrote)",
+        parents=[common],
     )
-    for name in ("A", "B", "C"):
+    for name in ("A", "B"):
         ver.add_argument(name.lower(), metavar=name, help="path or fsspec URL of a Zarr array")
+    ver.add_argument(
+        "c",
+        metavar="C",
+        nargs="?",
+        help="path or fsspec URL of a Zarr array; left out, B is a Gram product G of A = X "
+        "(`verify X G` checks it as `verify X X G`, transposed as G records)",
+    )
     ver.add_argument("--rounds", type=positive_int, default=2, help="random vectors (default 2)")
     ver.add_argument("--seed", type=seed, default=0, help="seed of the random vectors")
     ver.add_argument(
@@ -137,6 +147,17 @@ def _product_args(p: argparse.ArgumentParser, command: str) -> None:
 def _add_option(p: argparse._ActionsContainer, option: Option) -> None:
     """A declared option as an argument: a switch for a bool (off unless given), else a value
     (read by the option's ``parse``, whose UsageError argparse reports as its error line)."""
+    if option.const is not None:
+        p.add_argument(
+            option.flag,
+            nargs="?",
+            const=option.const,
+            default=option.default,
+            choices=option.choices,
+            metavar=option.metavar,
+            help=option.help,
+        )
+        return
     if isinstance(option.default, bool):
         p.add_argument(option.flag, action="store_true", help=option.help)
         return

@@ -15,7 +15,7 @@ from pipeline.errors import PipelineError, UsageError
 from pipeline.facts.devices import device_model
 from pipeline.facts.host import host_costs, usable_cores, usable_memory_bytes
 from pipeline.options.job_options import JobOptions
-from pipeline.plan.costs import CostModel, with_read_rate
+from pipeline.plan.costs import CostModel, with_read_rate, with_write_rate
 from pipeline.plan.device_model import DEVICE_CLASSES, VENDOR, default_decode_threads
 from pipeline.plan.limits import PlanLimits
 from pipeline.plan.matmul import MatmulPlan
@@ -51,12 +51,11 @@ def plan_for(
     cores and memory are what this process may use (a container's limits), as a local
     cluster is sized."""
     gpu = backend in BACKENDS and BACKENDS[backend].device == "gpu"
-    workers, threads, limit, decode_threads = _workers(options, live, gpu)
-    costs = host_costs() if costs is None else costs
-    if options.storage_gbps:
-        costs = with_read_rate(
-            costs, options.storage_gbps * 1e9, decode_threads if gpu else threads
-        )
+    workers, threads, decode_threads = _workers(options, live, gpu)
+    limit, memory_source = worker_memory(options, live, workers, threads, gpu)
+    costs = storage_rates(
+        host_costs() if costs is None else costs, options, decode_threads if gpu else threads
+    )
     forced = state.get("tile_shape") if options.resume and state else None  # keep OUT's tiling
     plan = plan_matmul(
         a,
@@ -75,7 +74,20 @@ def plan_for(
         symmetric=symmetric,
         costs=costs,
     )
-    return replace(plan, precision=options.precision)
+    return replace(plan, precision=options.precision, memory_source=memory_source)
+
+
+def storage_rates(costs: CostModel, options: JobOptions, threads: int) -> CostModel:
+    """``costs`` with the storage rates asked for, each worker's ``threads`` sharing them:
+    --storage-gbps both ways, --write-gbps the writes alone (one not asked for keeps the
+    calibrated local cost)."""
+    if options.storage_gbps:
+        costs = with_read_rate(costs, options.storage_gbps * 1e9, threads)
+    if options.write_gbps or options.storage_gbps:
+        flag = "--write-gbps" if options.write_gbps else "--storage-gbps"
+        rate = options.write_gbps or options.storage_gbps or 0.0
+        costs = with_write_rate(costs, rate * 1e9, threads, flag)
+    return costs
 
 
 def backend_times(
@@ -111,25 +123,50 @@ def backend_times(
     return tuple(times)
 
 
-def _workers(
-    options: JobOptions, live: dict[str, Any] | None, gpu: bool
-) -> tuple[int, int, int, int]:
-    """Workers, threads and memory limit per worker, and host threads decoding a GPU
-    worker's panels: the live cluster's, else those asked for (a local cluster's defaults)."""
-    total, cores = usable_memory_bytes(), usable_cores()
+def _workers(options: JobOptions, live: dict[str, Any] | None, gpu: bool) -> tuple[int, int, int]:
+    """Workers, threads per worker and host threads decoding a GPU worker's panels: the live
+    cluster's, else those asked for (a local cluster's defaults; for a device class, its
+    reference servers' cores per GPU decoding)."""
+    cores = usable_cores()
     if live is not None:
-        workers, threads, own = live["workers"], live["threads"], live["memory_limit"]
-        limit = min(x for x in (worker_limit(options.memory_limit, own), own or total) if x)
-        return workers, threads, limit, default_decode_threads(cores, workers)
+        return live["workers"], live["threads"], default_decode_threads(cores, live["workers"])
     workers = options.cluster.workers or 1
     # A GPU worker runs one task thread (as LocalCUDACluster starts it), a CPU one a core each.
     threads = options.cluster.threads_per_worker or (1 if gpu else max(cores // workers, 1))
-    asked = options.memory_limit  # a size is taken as given: the workers may be elsewhere
-    limit = asked if isinstance(asked, int) else local_limit(asked, threads) or total // workers
     decode_threads = default_decode_threads(cores, workers)
     if gpu and options.device_class:  # a cluster not at hand: its hosts' cores per GPU
         decode_threads = DEVICE_CLASSES[options.device_class].host_cores or decode_threads
-    return workers, threads, limit, decode_threads
+    return workers, threads, decode_threads
+
+
+def worker_memory(
+    options: JobOptions, live: dict[str, Any] | None, workers: int, threads: int, gpu: bool
+) -> tuple[int, str]:
+    """A worker's memory limit in bytes, and where it comes from (the dry run says): the live
+    workers' own, capped by --memory-limit; else a size asked for as given (the workers may
+    be elsewhere), a fraction or "auto" of this host's; else for a device class (a cluster
+    not at hand) its reference server's host memory per GPU; else this host's, shared."""
+    total, asked = usable_memory_bytes(), options.memory_limit
+    if live is not None:
+        own, capped = live["memory_limit"], worker_limit(asked, live["memory_limit"])
+        limit = min(x for x in (capped, own or total) if x)
+        if limit == own:
+            return limit, "the workers' own limit"
+        return limit, "--memory-limit" if limit == capped else "this host's (workers set none)"
+    if isinstance(asked, int):
+        return asked, "--memory-limit"
+    if asked is not None:
+        limit = local_limit(asked, threads) or total // workers
+        return limit, f"--memory-limit {asked} of this host's"
+    model = DEVICE_CLASSES.get(options.device_class or "")
+    if gpu and model is not None and model.server is not None:
+        server = model.server
+        return (
+            server.memory_per_gpu_bytes,
+            f"the {model.name}'s reference server, {server}; --memory-limit sets it",
+        )
+    shared = f" over {workers} workers" if workers > 1 else ""
+    return total // workers, f"this host's memory{shared}; --memory-limit sets it"
 
 
 def check_job_precision(requested: str, resolved: str | None, dtype: str, precision: str) -> None:

@@ -34,6 +34,8 @@ class Option:
     metavar: str | None = None
     choices: tuple[str, ...] | None = None
     """The values taken: argparse's choices, and ``unknown ...; choose ...`` in the API."""
+    const: str | None = None
+    """The value of the flag given alone (its value optional: ``--kinship [FORM]``)."""
     parse: Callable[[str], Any] | None = None
     """The command line's text to a value as argparse reads it (UsageError: its message)."""
     check: Callable[[Any, str], Any] | None = None

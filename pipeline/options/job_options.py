@@ -33,7 +33,10 @@ class JobOptions:
     tilegemm.device-class setting)."""
     storage_gbps: float | None = None
     """Each worker's storage read rate in GB/s of array data for the plan's time (None: this
-    host's calibrated local read costs)."""
+    host's calibrated local read costs), and its write rate unless ``write_gbps`` gives one."""
+    write_gbps: float | None = None
+    """Each worker's storage write rate in GB/s of OUT's data for the plan's time (None:
+    ``storage_gbps``, else this host's calibrated local write costs)."""
     gpu_decode: bool = False
     """Stage zstd chunks compressed and decode them on the GPU (staged GPU backends only)."""
     precision: str = "fp32"
@@ -87,6 +90,34 @@ class MultiplyResult:
     """The least any schedule reads to compute what this run computed, in bytes, when that is
     a part of the product (a --resume's; pipeline.plan.limits.read_lower_bound); None: the
     whole product, whose bound is ``plan.lower_bound_read_bytes``."""
+    standardize: Standardize | None = None
+    """A covariance's, correlation's or kinship's standardization, as measured (its counts:
+    variables used, left out, values imputed)."""
+    url: str = ""
+    """OUT's URL as the job wrote it (a local path absolute, links resolved)."""
+    storage_options: dict[str, Any] = field(
+        default_factory=dict, repr=False, metadata=SENSITIVE_FIELD
+    )
+    """The fsspec options OUT was written with (and is read back with)."""
+
+    def open(self) -> Any:
+        """OUT as a read-only ``zarr.Array``."""
+        from pipeline.store import readback
+
+        return readback.open_product(self.url, self.storage_options)
+
+    def to_dask(self) -> Any:
+        """OUT as a ``dask.array.Array`` (``dask.array.from_zarr``, OUT's chunks)."""
+        from pipeline.store import readback
+
+        return readback.product_dask(self.url, self.storage_options)
+
+    def to_xarray(self) -> Any:
+        """OUT as an ``xarray.DataArray`` with OUT's dimension names, and the coordinates of
+        the Zarr group (dataset) it is in, if any; lazy (dask). Needs xarray."""
+        from pipeline.store import readback
+
+        return readback.product_xarray(self.url, self.storage_options)
 
     def __repr__(self) -> str:
         """One line for a notebook (the fields hold the plan and the phases' seconds)."""

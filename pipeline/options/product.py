@@ -27,7 +27,7 @@ from pipeline.options.job_options import JobOptions
 from pipeline.plan.device_model import DEVICE_CLASSES
 from pipeline.plan.dtypes import parse_dtype
 from pipeline.plan.layout import parse_pair
-from pipeline.plan.standardize import parse_ddof
+from pipeline.plan.standardize import FORMS, MISSING, kinship_form, parse_code, parse_ddof
 
 
 def parse_number(text: str) -> float:
@@ -87,8 +87,23 @@ def _dtype(value: DTypeLike | None, flag: str) -> str | None:
     return None if value is None else parse_dtype(value)
 
 
+def _kinship(value: bool | str | None, flag: str) -> str | None:
+    return kinship_form(value)
+
+
 def _float(value: float, flag: str) -> float:
     return float(value)
+
+
+def _dimension_names(value: object, flag: str) -> str | None:
+    """``--over``/``--stack``: dimension names as text (``time``, ``lat,lon``)."""
+    if value is None:
+        return None
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str) or not value.strip():
+        raise UsageError(f"{flag} takes dimension names, e.g. time or lat,lon; got {value!r}")
+    return value
 
 
 def _cluster(value: ClusterSpec | None, flag: str) -> ClusterSpec:
@@ -146,7 +161,19 @@ class ProductOptions(TypedDict, total=False):
         Option(
             None,
             help="GB/s of array data each worker reads from storage (a shared file system or an "
-            "object store), for the plan's time (default: this host's calibrated local reads)",
+            "object store), and writes unless --write-gbps says, for the plan's time (default: "
+            "this host's calibrated local reads and writes)",
+            metavar="X",
+            parse=gigabytes_per_second,
+            check=_gbps,
+        ),
+    ]
+    write_gbps: Annotated[
+        float | None,
+        Option(
+            None,
+            help="GB/s of OUT's data each worker writes to storage, for the plan's time "
+            "(default: --storage-gbps, else this host's calibrated local writes)",
             metavar="X",
             parse=gigabytes_per_second,
             check=_gbps,
@@ -215,6 +242,28 @@ class ProductOptions(TypedDict, total=False):
             commands=(MULTIPLY,),
         ),
     ]
+    over: Annotated[
+        str | None,
+        Option(
+            None,
+            help="the dimension summed over, by name (or names: lat,lon): chooses --transpose-a/-b "
+            "(gram: --rows) so each operand's NAME is the one contracted; an N-D field is read in "
+            "place as a matrix, NAME one side and its other dimensions, stacked, the other",
+            metavar="NAME",
+            check=_dimension_names,
+        ),
+    ]
+    stack: Annotated[
+        str | None,
+        Option(
+            None,
+            help="the dimensions G is indexed by, by name (lat,lon: stacked in stored order); X's "
+            "other dimensions are summed over (as --over names them)",
+            metavar="NAMES",
+            check=_dimension_names,
+            commands=(GRAM,),
+        ),
+    ]
     ignore_coordinates: Annotated[
         bool,
         Option(
@@ -253,13 +302,42 @@ class ProductOptions(TypedDict, total=False):
         ),
     ]
     kinship: Annotated[
-        bool,
+        bool | str,
         Option(
             False,
-            help="VanRaden's genomic relationship matrix of genotype dosages (0/1/2): each "
-            "variant (the summed axis) centred by 2p and scaled by 1/sqrt(2p(1-p)), G divided "
-            "by the variants that vary; X is samples x variants with --rows, else variants x "
-            "samples",
+            help="a genomic relationship matrix of genotype dosages (0/1/2), each variant (the "
+            "summed axis) centred by 2p: standardized (the default; GCTA's): scaled by "
+            "1/sqrt(2p(1-p)), G divided by the variants that vary; vanraden (VanRaden's first "
+            "method): G = ZZᵀ / (2 sum p(1-p)). X is samples x variants with --rows, else "
+            "variants x samples; missing calls are imputed (see --missing)",
+            metavar="FORM",
+            choices=FORMS,
+            const=FORMS[0],
+            check=_kinship,
+            commands=(GRAM,),
+        ),
+    ]
+    missing: Annotated[
+        str | None,
+        Option(
+            None,
+            help="what missing values (NaN, and --missing-code) become in --center, --scale or "
+            "--kinship: impute: each its variable's mean over the present values (0 once "
+            "standardized; --kinship's default, as plink and sgkit); drop-columns: every "
+            "variable holding one is left out (its row and column of G are NaN; a variant is "
+            "left out of a kinship) (default: refused)",
+            choices=MISSING,
+            commands=(GRAM,),
+        ),
+    ]
+    missing_code: Annotated[
+        float | None,
+        Option(
+            None,
+            help="a stored value that means missing besides NaN, e.g. -1 for a missing call "
+            "(default: NaN only, or X's CF _FillValue when it has one)",
+            metavar="V",
+            parse=parse_code,
             commands=(GRAM,),
         ),
     ]
@@ -360,6 +438,7 @@ def checked(given: Mapping[str, object]) -> dict[str, Any]:
     for o in DECLARED:
         value = values[o.name]
         unset = value is None and o.default is None  # an option's default is always taken
+        unset |= o.const is not None and isinstance(value, bool)  # --kinship: True, False
         if o.choices is not None and value not in o.choices and not unset:
             raise UsageError(f"unknown {o.name} {value!r}; choose {', '.join(o.choices)}")
         if o.check is not None:

@@ -81,6 +81,11 @@ class CostModel:
     read_rate: float | None = None
     """A worker's storage read rate given for the plan, in bytes/s of array data (None: the
     calibrated ``read`` cost, a local file system's)."""
+    write_rate: float | None = None
+    """A worker's storage write rate given for the plan, in bytes/s of OUT's data (None: the
+    calibrated ``write`` cost, a local file system's)."""
+    write_source: str = ""
+    """The option that gave ``write_rate`` (a rate for both ways, or one for writes alone)."""
 
 
 def with_read_rate(costs: CostModel, bytes_per_second: float, threads: int) -> CostModel:
@@ -91,6 +96,17 @@ def with_read_rate(costs: CostModel, bytes_per_second: float, threads: int) -> C
     return replace(
         costs, read=ChunkCost(costs.read.per_chunk, per_byte), read_rate=bytes_per_second
     )
+
+
+def with_write_rate(
+    costs: CostModel, bytes_per_second: float, threads: int, source: str
+) -> CostModel:
+    """``costs`` with a worker's ``threads`` storing OUT's chunks at ``bytes_per_second`` in
+    all, as ``with_read_rate`` reads (encoding them keeps its calibrated cost); ``source``:
+    the option that gave the rate, for the dry run to name."""
+    per_byte = max(threads, 1) / bytes_per_second
+    write = ChunkCost(costs.write.per_chunk, per_byte)
+    return replace(costs, write=write, write_rate=bytes_per_second, write_source=source)
 
 
 LIMITS = (0.1, 10.0)

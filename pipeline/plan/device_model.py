@@ -34,6 +34,30 @@ one ahead keeps the decode threads busy; a second buys nothing warm and slows a 
 measurably (its fresh pinned pages)."""
 
 
+GiB = 2**30
+TiB = 2**40
+
+
+@dataclass(frozen=True)
+class ReferenceServer:
+    """A server a device class ships in, as its vendor describes it."""
+
+    name: str
+    memory_bytes: int
+    """Its host memory, in bytes."""
+    gpus: int
+
+    @property
+    def memory_per_gpu_bytes(self) -> int:
+        """Host memory per GPU (one worker per GPU), in bytes."""
+        return self.memory_bytes // self.gpus
+
+    def __str__(self) -> str:
+        memory = self.memory_bytes / (TiB if self.memory_bytes >= TiB else GiB)
+        unit = "TiB" if self.memory_bytes >= TiB else "GiB"
+        return f"{self.name}: {memory:g} {unit} for {self.gpus} GPU(s)"
+
+
 @dataclass(frozen=True)
 class DeviceModel:
     """One worker's GPU, as the planner sees it."""
@@ -57,22 +81,51 @@ class DeviceModel:
     host_cores: int | None = None
     """CPU cores per GPU in the servers this class usually ships in (the vendor's reference
     designs): the host threads decoding panels in a plan for a cluster not at hand."""
+    server: ReferenceServer | None = None
+    """A reference server of this class: its host memory per GPU is each worker's memory
+    limit in a plan for a cluster not at hand, unless --memory-limit gives one."""
 
     def flops(self, dtype: str) -> float:
         return self.float64_flops if np.dtype(dtype).itemsize >= 8 else self.float32_flops
 
 
-GiB = 2**30
 VENDOR = "defaults"
 """A DeviceModel's ``source`` when its figures are the vendor's (its share of the peak assumed)."""
+
+
+# Host memory per GPU, from the vendor's own systems (DIMMs of 2^30 bytes: "2 TB" is 2 TiB):
+# the DGX datasheets (DGX H100 and DGX H200: 2 TB, 32 DIMMs of 64 GB; DGX A100 640GB: 2 TB;
+# DGX A100 320GB: 1 TB) and, for the PCIe cards no DGX holds, the servers of NVIDIA's own
+# MLPerf Inference submissions (mlcommons/inference_results_v3.1 and _v4.0,
+# closed/NVIDIA/systems/*.json: host_memory_capacity, host_memory_configuration).
+DGX_H100 = ReferenceServer("NVIDIA DGX H100", 2 * TiB, 8)
+DGX_H200 = ReferenceServer("NVIDIA DGX H200", 2 * TiB, 8)
+DGX_A100_640GB = ReferenceServer("NVIDIA DGX A100 640GB", 2 * TiB, 8)
+DGX_A100_320GB = ReferenceServer("NVIDIA DGX A100 320GB", TiB, 8)
+MLPERF_H100_PCIE = ReferenceServer("NVIDIA's MLPerf v3.1 Gigabyte G482-Z54", 2 * TiB, 8)
+MLPERF_L40S = ReferenceServer("NVIDIA's MLPerf v4.0 ASRock Rack 4U8G-ROME2", TiB, 8)
+MLPERF_L4 = ReferenceServer("NVIDIA's MLPerf v3.1 ASRock Rack 1U1G-MILAN", 256 * GiB, 1)
+
 DEVICE_CLASSES = {
-    "h100-sxm": DeviceModel("H100-SXM", 80 * GiB, 67e12, 34e12, 50e9, VENDOR, host_cores=14),
-    "h100-pcie": DeviceModel("H100-PCIe", 80 * GiB, 51e12, 26e12, 50e9, VENDOR, host_cores=8),
-    "h200": DeviceModel("H200-SXM", 141 * GiB, 67e12, 34e12, 50e9, VENDOR, host_cores=14),
-    "a100-80gb": DeviceModel("A100-80GB", 80 * GiB, 19.5e12, 9.7e12, 25e9, VENDOR, host_cores=16),
-    "a100-40gb": DeviceModel("A100-40GB", 40 * GiB, 19.5e12, 9.7e12, 25e9, VENDOR, host_cores=16),
-    "l40s": DeviceModel("L40S", 48 * GiB, 91.6e12, 1.4e12, 25e9, VENDOR, host_cores=8),
-    "l4": DeviceModel("L4", 24 * GiB, 30e12, 0.5e12, 25e9, VENDOR, host_cores=4),
+    "h100-sxm": DeviceModel(
+        "H100-SXM", 80 * GiB, 67e12, 34e12, 50e9, VENDOR, host_cores=14, server=DGX_H100
+    ),
+    "h100-pcie": DeviceModel(
+        "H100-PCIe", 80 * GiB, 51e12, 26e12, 50e9, VENDOR, host_cores=8, server=MLPERF_H100_PCIE
+    ),
+    "h200": DeviceModel(
+        "H200-SXM", 141 * GiB, 67e12, 34e12, 50e9, VENDOR, host_cores=14, server=DGX_H200
+    ),
+    "a100-80gb": DeviceModel(
+        "A100-80GB", 80 * GiB, 19.5e12, 9.7e12, 25e9, VENDOR, host_cores=16, server=DGX_A100_640GB
+    ),
+    "a100-40gb": DeviceModel(
+        "A100-40GB", 40 * GiB, 19.5e12, 9.7e12, 25e9, VENDOR, host_cores=16, server=DGX_A100_320GB
+    ),
+    "l40s": DeviceModel(
+        "L40S", 48 * GiB, 91.6e12, 1.4e12, 25e9, VENDOR, host_cores=8, server=MLPERF_L40S
+    ),
+    "l4": DeviceModel("L4", 24 * GiB, 30e12, 0.5e12, 25e9, VENDOR, host_cores=4, server=MLPERF_L4),
 }
 """Named device classes for plans made with no device at hand (--dry-run)."""
 

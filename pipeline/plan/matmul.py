@@ -75,6 +75,8 @@ class MatmulPlan:
     precision: str = "fp32"
     """The kernel's arithmetic (kernels.backends.PRECISIONS): fp32, or TF32 / 3xTF32 tensor
     cores; stated by --dry-run, fingerprinted, recorded in OUT (the rates stay fp32's)."""
+    memory_source: str = ""
+    """Where ``memory_limit_bytes`` comes from, as the dry run names it (empty: not said)."""
 
     @property
     def panel_dtype(self) -> str:

@@ -144,5 +144,8 @@ class StoreSpec:
     symmetric: bool = False
     """A Gram product (op(B) is op(A) transposed): tiles on and above the diagonal only, each
     also written mirrored."""
+    splits: tuple[int | None, int | None] = (None, None)
+    """Per input, an N-D field read as a matrix: how many leading stored dimensions are its
+    rows (pipeline.plan.dimensions); None: a 2-D array, read as stored."""
 
     __repr__ = redacted_repr

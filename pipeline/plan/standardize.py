@@ -1,18 +1,24 @@
 """Covariance, correlation and kinship as Gram products of a standardized X (pure: numpy only).
 
 ``gram --center`` computes the covariance of the variables G is indexed by, ``--scale`` their
-correlation, ``--kinship`` VanRaden's genomic relationship matrix. Each is the Gram product
-of X' = (X − shift)·scale, one shift and one scale per row or per column of X (``axis``),
-from one streaming pass over X (per-block moments merged by Chan's formulas, in float64):
+correlation, ``--kinship`` a genomic relationship matrix. Each is the Gram product of
+X' = (X − shift)·scale, one shift and one scale per row or per column of X (``axis``), from one
+streaming pass over X (per-block moments merged by Chan's formulas, in float64):
 
 - center: shift = the variable's mean over the summed axis, scale = 1/√(n − ddof), so
   G = X'ᵀX' is ``np.cov``'s matrix;
 - scale: shift = the mean, scale = 1/√(Σ(x − mean)²), so G is ``np.corrcoef``'s (a constant
   variable gives NaN, as there);
-- kinship: one shift and scale per variant (the summed axis): 2p = the variant's mean dosage
-  over the samples, scale = 1/√(2p(1 − p)·m) with m the variants that vary, so
-  G = Σ_variants (x − 2p)(x − 2p)ᵀ / (2p(1 − p)) / m. A variant every sample shares (p = 0
-  or 1) gets scale 0: it is left out of G and of m.
+- kinship: one shift per variant (the summed axis), 2p = the variant's mean dosage over the
+  samples; ``standardized`` (GCTA's): scale = 1/√(2p(1 − p)·m) with m the variants that vary,
+  so G = Σ_variants (x − 2p)(x − 2p)ᵀ / (2p(1 − p)) / m; ``vanraden`` (VanRaden's first
+  method): scale = 1/√(2 Σ p(1 − p)) for every variant, so G = ZZᵀ / (2 Σ p(1 − p)). A variant
+  every sample shares (p = 0 or 1) gets scale 0: it is left out of G and of m.
+
+Missing values (NaN, or a ``code`` such as -1) are refused unless a policy says what they are:
+``impute`` fills each with its variable's mean over the present values (standardized: 0, as
+plink and sgkit impute calls), ``drop-columns`` leaves out every variable holding one (its row
+and column of a covariance or correlation are NaN; a variant is left out of a kinship).
 
 Panels are standardized as they are read, in float64 and then rounded to the compute dtype:
 float32 data loses nothing to a large mean (280 K temperatures with a 3 K spread).
@@ -33,13 +39,18 @@ from pipeline.errors import InputError, UsageError
 KINDS = {"center": "covariance", "scale": "correlation", "kinship": "kinship"}
 """The standardizations, by their flags, and what each makes G."""
 MODES = tuple(KINDS)
+FORMS = ("standardized", "vanraden")
+"""The kinship forms: GCTA's per-variant standardized one, and VanRaden's first method."""
+MISSING = ("impute", "drop-columns")
+"""What missing values (NaN, or --missing-code) become: each variable's mean, or the variable
+left out."""
 DOSAGES = (0.0, 2.0)
 """The values a diploid genotype dosage takes at most (kinship refuses others)."""
 MAX_STORED = 65536
-"""The most per-variable means OUT's attributes hold (``tilegemm_moments``); beyond it only
-their digest is recorded."""
-MOMENTS_KEY = "tilegemm_moments"
-"""OUT's attribute with the shifts and scales, where there are at most MAX_STORED."""
+"""The most per-variable means and scales OUT's attributes hold (``tilegemm_mean`` and
+``tilegemm_scale``); beyond it only their digest is recorded."""
+MEAN_KEY, SCALE_KEY = "tilegemm_mean", "tilegemm_scale"
+"""OUT's attributes with the shifts and scales (lists of numbers, which netCDF stores)."""
 
 
 @dataclass(frozen=True)
@@ -47,46 +58,71 @@ class Moments:
     """Per-variable moments over the summed axis of one block of X, or of several merged."""
 
     count: int
-    """Values per variable (the summed axis's length so far)."""
+    """Values per variable (the summed axis's length so far), present or not."""
     mean: NDArray[np.float64]
     m2: NDArray[np.float64]
-    """Σ (x − mean)² per variable."""
+    """Σ (x − mean)² per variable, over its present values."""
     low: NDArray[np.float64]
     high: NDArray[np.float64]
     nonfinite: NDArray[np.int64]
-    """NaN and ±inf per variable (they are left out of mean and m2)."""
+    """±inf per variable (left out of mean and m2; always refused)."""
+    missing: NDArray[np.int64] | None = None
+    """NaN (and the missing code) per variable, left out of mean and m2; None: none."""
+
+    @property
+    def present(self) -> NDArray[np.int64]:
+        """Values per variable that count: neither missing nor infinite."""
+        gone = self.nonfinite if self.missing is None else self.nonfinite + self.missing
+        return np.int64(self.count) - gone
+
+    @property
+    def absent(self) -> NDArray[np.int64]:
+        return np.zeros_like(self.nonfinite) if self.missing is None else self.missing
 
 
-def block_moments(block: NDArray[Any], axis: int) -> Moments:
+def block_moments(block: NDArray[Any], axis: int, code: float | None = None) -> Moments:
     """The moments of ``block`` for each of its rows (``axis`` 0) or columns (1), over the
-    other axis; two passes in float64 (the block's mean first): stable."""
+    other axis; two passes in float64 (the block's mean first): stable. NaN and ``code`` are
+    missing, ±inf non-finite: both are counted and left out."""
     x = np.asarray(block, dtype=np.float64)
     if axis == 0:
         x = x.T
-    finite = np.isfinite(x)
-    bad = (~finite).sum(axis=0).astype(np.int64)
-    if bad.any():
-        x = np.where(finite, x, 0.0)
+    gone = np.isnan(x)
+    if code is not None:
+        gone |= x == code
+    infinite = np.isinf(x)
+    valid = ~(gone | infinite)
     count = x.shape[0]
-    mean = x.sum(axis=0) / max(count, 1)
-    m2 = ((x - mean) ** 2).sum(axis=0)
+    present = valid.sum(axis=0)
+    whole = bool(valid.all())
+    if not whole:
+        x = np.where(valid, x, 0.0)
+    mean = x.sum(axis=0) / np.maximum(present, 1)
+    dev = x - mean if whole else np.where(valid, x - mean, 0.0)
+    m2 = (dev**2).sum(axis=0)
     inf = np.full(x.shape[1], np.inf)
-    low = x.min(axis=0, initial=np.inf) if count else inf
-    high = x.max(axis=0, initial=-np.inf) if count else -inf
-    return Moments(count, mean, m2, low, high, bad)
+    low = np.where(valid, x, np.inf).min(axis=0, initial=np.inf) if count else inf
+    high = np.where(valid, x, -np.inf).max(axis=0, initial=-np.inf) if count else -inf
+    nonfinite = infinite.sum(axis=0).astype(np.int64)
+    missing = gone.sum(axis=0).astype(np.int64) if gone.any() else None
+    return Moments(count, mean, m2, low, high, nonfinite, missing)
 
 
 def merge(a: Moments, b: Moments) -> Moments:
-    """The moments of two blocks of the same variables (Chan, Golub and LeVeque)."""
-    n = a.count + b.count
-    if n == 0:
+    """The moments of two blocks of the same variables (Chan, Golub and LeVeque), each
+    variable over its own present values."""
+    na, nb = a.present, b.present
+    n = na + nb
+    if a.count + b.count == 0:
         return a
     delta = b.mean - a.mean
-    mean = a.mean + delta * (b.count / n)
-    m2 = a.m2 + b.m2 + delta**2 * (a.count * b.count / n)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(n > 0, a.mean + delta * (nb / n), 0.0)
+        m2 = np.where(n > 0, a.m2 + b.m2 + delta**2 * (na * nb / n), 0.0)
+    missing = None if a.missing is None and b.missing is None else a.absent + b.absent
     return Moments(
-        n, mean, m2, np.minimum(a.low, b.low), np.maximum(a.high, b.high),
-        a.nonfinite + b.nonfinite,
+        a.count + b.count, mean, m2, np.minimum(a.low, b.low), np.maximum(a.high, b.high),
+        a.nonfinite + b.nonfinite, missing,
     )  # fmt: skip
 
 
@@ -110,6 +146,16 @@ class Standardize:
     constant: int = 0
     """Variables (kinship: variants) with no spread: NaN rows of a correlation, left out of a
     kinship."""
+    form: str = "standardized"
+    """kinship: a name in FORMS."""
+    missing: str | None = None
+    """What missing values become: a name in MISSING; None: refused."""
+    code: float | None = None
+    """A stored value that means missing, besides NaN (e.g. -1)."""
+    imputed: int = 0
+    """Missing values filled with their variable's mean."""
+    dropped: int = 0
+    """Variables (kinship: variants) left out for holding missing values (or only those)."""
 
     @property
     def kind(self) -> str:
@@ -124,11 +170,21 @@ class Standardize:
     @property
     def flags(self) -> str:
         """The command line's flags for it: ``--center --ddof 1``, ``--scale``, ``--kinship``."""
-        return f"--{self.mode}" + (f" --ddof {self.ddof}" if self.mode == "center" else "")
+        found = f"--{self.mode}"
+        if self.mode == "kinship" and self.form != FORMS[0]:
+            found += f" {self.form}"
+        if self.mode == "center":
+            found += f" --ddof {self.ddof}"
+        if self.missing is not None and self.missing != _default_missing(self.mode):
+            found += f" --missing {self.missing}"
+        if self.code is not None:
+            found += f" --missing-code {self.code:g}"
+        return found
 
     def apply(self, block: NDArray[Any], rows: tuple[int, int], cols: tuple[int, int]) -> None:
         """Standardize ``block`` = X[rows, cols] (as stored) in place: computed in float64,
-        rounded once to the block's dtype, in slabs (no float64 copy of a whole panel)."""
+        rounded once to the block's dtype, in slabs (no float64 copy of a whole panel). A
+        missing value becomes its variable's shift first (0 once standardized)."""
         if self.shift is None or self.scale is None:
             raise ValueError("the moments are not measured yet")
         lo, hi = cols if self.axis == 1 else rows
@@ -139,8 +195,15 @@ class Standardize:
         for r0 in range(0, block.shape[0], step):
             r1 = min(r0 + step, block.shape[0])
             part = (shift[r0:r1], scale[r0:r1]) if self.axis == 0 else (shift, scale)
-            with np.errstate(invalid="ignore"):  # NaN scale: a constant variable's correlation
-                block[r0:r1] = (block[r0:r1].astype(np.float64) - part[0]) * part[1]
+            slab = block[r0:r1].astype(np.float64)
+            if self.missing is not None:
+                gone = np.isnan(slab) if self.code is None else np.isnan(slab) | (slab == self.code)
+                if gone.any():
+                    slab = np.where(gone, part[0], slab)
+            slab -= part[0]  # in place: one float64 slab at a time
+            with np.errstate(invalid="ignore"):  # NaN scale: a constant or left-out variable
+                slab *= part[1]
+            block[r0:r1] = slab
 
     def finish(self, tile: NDArray[Any], row0: int, col0: int) -> None:
         """A correlation's tile at (row0, col0) of G, in place before it is written: its
@@ -167,6 +230,12 @@ class Standardize:
         found: dict[str, Any] = {"mode": self.mode, "axis": "columns" if self.axis else "rows"}
         if self.mode == "center":
             found["ddof"] = self.ddof
+        if self.mode == "kinship":
+            found["form"] = self.form
+        if self.missing is not None:
+            found["missing"] = self.missing
+        if self.code is not None:
+            found["missing_code"] = self.code
         if self.shift is None:
             return found
         found |= {"count": self.count, "digest": self.digest()}
@@ -176,14 +245,38 @@ class Standardize:
             found |= {"variants_used": self.used, "monomorphic": self.constant}
         if self.mode == "scale":
             found["constant"] = self.constant
+        if self.missing is not None:
+            found |= {"imputed": self.imputed, "dropped": self.dropped}
         return found
 
-    def stored(self) -> dict[str, Any] | None:
-        """OUT's ``tilegemm_moments`` attribute (None: more than MAX_STORED variables)."""
+    def stored(self) -> dict[str, list[float]] | None:
+        """OUT's ``tilegemm_mean`` and ``tilegemm_scale`` attributes: lists of numbers, which
+        xarray's to_netcdf writes as they are (None: more than MAX_STORED variables)."""
         if self.shift is None or self.scale is None or len(self.shift) > MAX_STORED:
             return None
-        name = "two_p" if self.mode == "kinship" else "mean"
-        return {name: self.shift.tolist(), "scale": self.scale.tolist()}
+        return {MEAN_KEY: self.shift.tolist(), SCALE_KEY: self.scale.tolist()}
+
+    def counts(self) -> str:
+        """The done line's words for what was measured: variants used, left out, imputed."""
+        if self.shift is None:
+            return ""
+        what = "variants" if self.mode == "kinship" else "variables"
+        parts = [f"{self.used:,} {what} used"]
+        if self.mode == "kinship":
+            parts.append(f"{self.constant:,} monomorphic left out")
+        elif self.constant:
+            parts.append(f"{self.constant:,} constant (NaN)")
+        if self.dropped:
+            parts.append(f"{self.dropped:,} left out for missing values")
+        if self.missing is not None:
+            parts.append(f"{self.imputed:,} missing value(s) imputed")
+        return ", ".join(parts)
+
+
+def _default_missing(mode: str) -> str | None:
+    """A kinship imputes missing calls unless told otherwise, as plink and sgkit do; a
+    covariance or correlation refuses them."""
+    return "impute" if mode == "kinship" else None
 
 
 def from_record(record: dict[str, Any]) -> Standardize:
@@ -193,15 +286,32 @@ def from_record(record: dict[str, Any]) -> Standardize:
     if mode not in MODES or axis not in ("rows", "columns"):
         raise ValueError(f"no standardization: mode {mode!r}, axis {axis!r}")
     ddof = record.get("ddof", 1)
-    return Standardize(str(mode), 1 if axis == "columns" else 0, int(ddof))
+    form = record.get("form", FORMS[0])
+    missing = record.get("missing")
+    code = record.get("missing_code")
+    if form not in FORMS or (missing is not None and missing not in MISSING):
+        raise ValueError(f"no standardization: form {form!r}, missing {missing!r}")
+    if code is not None and (isinstance(code, bool) or not isinstance(code, int | float)):
+        raise ValueError(f"no standardization: missing code {code!r}")
+    return Standardize(
+        str(mode), 1 if axis == "columns" else 0, int(ddof), form=str(form), missing=missing,
+        code=None if code is None else float(code),
+    )  # fmt: skip
 
 
 def requested(
-    center: bool, scale: bool, kinship: bool, ddof: int | None, rows: bool
+    center: bool,
+    scale: bool,
+    kinship: bool | str | None,
+    ddof: int | None,
+    rows: bool,
+    missing: str | None = None,
+    missing_code: float | None = None,
 ) -> Standardize | None:
     """The gram options as a Standardize (None: a plain Gram product); UsageError for
     combinations that mean nothing."""
-    if kinship and (center or scale):
+    form = kinship_form(kinship)
+    if form and (center or scale):
         raise UsageError(
             "--kinship standardizes each variant itself; drop --center and --scale (they "
             "standardize the variables G is indexed by: a covariance or correlation)"
@@ -215,12 +325,43 @@ def requested(
         raise UsageError("--ddof sets --center's divisor n − ddof; add --center, or drop --ddof")
     if ddof is not None and (isinstance(ddof, bool) or not isinstance(ddof, int) or ddof < 0):
         raise UsageError(f"--ddof takes a whole number >= 0 (1: np.cov's default); got {ddof!r}")
-    if not (center or scale or kinship):
+    if missing is not None and missing not in MISSING:
+        raise UsageError(f"--missing takes {' or '.join(MISSING)}; got {missing!r}")
+    if missing_code is not None and (
+        isinstance(missing_code, bool)
+        or not isinstance(missing_code, int | float)
+        or not math.isfinite(missing_code)
+    ):
+        raise UsageError(f"--missing-code takes a finite number, e.g. -1; got {missing_code!r}")
+    if not (center or scale or form):
+        if missing is not None or missing_code is not None:
+            flag = "--missing" if missing is not None else "--missing-code"
+            raise UsageError(
+                f"{flag} says what missing values become in a standardized X; add --center, "
+                f"--scale or --kinship, or drop {flag} (a plain Gram product multiplies NaN "
+                "as it is)"
+            )
         return None
-    mode = "kinship" if kinship else "scale" if scale else "center"
+    mode = "kinship" if form else "scale" if scale else "center"
     # G = XᵀX: the variables are X's columns, the variants (summed) its rows; --rows: the other.
     per_column = (mode == "kinship") == rows
-    return Standardize(mode, 1 if per_column else 0, 1 if ddof is None else ddof)
+    if missing is None:
+        missing = _default_missing(mode) if missing_code is None else "impute"
+    return Standardize(
+        mode, 1 if per_column else 0, 1 if ddof is None else ddof, form=form or FORMS[0],
+        missing=missing, code=None if missing_code is None else float(missing_code),
+    )  # fmt: skip
+
+
+def kinship_form(value: bool | str | None) -> str | None:
+    """--kinship's value as a form in FORMS (True: the standardized one); None: not asked."""
+    if value is None or value is False:
+        return None
+    if value is True:
+        return FORMS[0]
+    if value in FORMS:
+        return str(value)
+    raise UsageError(f"--kinship takes {' or '.join(FORMS)} (default {FORMS[0]}); got {value!r}")
 
 
 def parse_ddof(text: str) -> int:
@@ -228,6 +369,17 @@ def parse_ddof(text: str) -> int:
         return int(text)
     except ValueError:
         raise UsageError(f"--ddof takes a whole number >= 0, e.g. 1; got {text!r}") from None
+
+
+def parse_code(text: str) -> float:
+    """--missing-code's text: a finite number, e.g. -1 or 9."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise UsageError(f"--missing-code takes a finite number, e.g. -1; got {text!r}")
+    return value
 
 
 def output_dtype(std: Standardize, x_dtype: str, requested_dtype: str | None) -> str:
@@ -246,73 +398,105 @@ def output_dtype(std: Standardize, x_dtype: str, requested_dtype: str | None) ->
 
 
 def describe(std: Standardize) -> str:
-    """The plan's line: what G is, and the extra pass over X."""
+    """The plan's line: what G is, the missing values' policy, and the extra pass over X."""
     over = "columns" if std.axis == 1 else "rows"
-    if std.mode == "kinship":
-        return (
-            f"kinship (VanRaden): X's {over} are the variants, each centred by 2p and scaled "
-            "by 1/sqrt(2p(1-p)), G divided by the variants that vary; one more pass over X "
-            "first, for p"
+    if std.mode == "kinship" and std.form == "vanraden":
+        text = (
+            f"kinship (VanRaden's first method): X's {over} are the variants, each centred by "
+            "2p, G = ZZᵀ / (2 Σ p(1-p)); monomorphic variants left out"
         )
-    what = std.kind
-    divisor = f", divided by n - {std.ddof}" if std.mode == "center" else ""
-    return f"{what} of X's {over}{divisor}; one more pass over X first, for their means" + (
-        " and spreads" if std.mode == "scale" else ""
-    )
+    elif std.mode == "kinship":
+        text = (
+            f"kinship (standardized, GCTA's): X's {over} are the variants, each centred by 2p "
+            "and scaled by 1/sqrt(2p(1-p)), G divided by the variants that vary"
+        )
+    else:
+        divisor = f", divided by n - {std.ddof}" if std.mode == "center" else ""
+        text = f"{std.kind} of X's {over}{divisor}"
+    if std.missing is not None:
+        values = "NaN" + ("" if std.code is None else f" and {std.code:g}")
+        fate = (
+            "its variable's mean"
+            if std.missing == "impute"
+            else "its variable left out" + ("" if std.mode == "kinship" else " (NaN in G)")
+        )
+        text += f"; missing values ({values}): {fate}"
+    measures = "p" if std.mode == "kinship" else "their means"
+    spreads = " and spreads" if std.mode == "scale" else ""
+    return f"{text}; one more pass over X first, for {measures}{spreads}"
 
 
 def measured(std: Standardize, moments: Moments, x_name: str = "X") -> Standardize:
     """``std`` with its shifts and scales from X's moments; refuses what has no answer: too
-    few values for the divisor, non-finite values, dosages outside 0..2 for a kinship."""
+    few values for the divisor, infinite values, missing values without a policy, dosages
+    outside 0..2 for a kinship."""
     n = moments.count
     what = "column" if std.axis == 1 else "row"
     if moments.nonfinite.any():
         first = int(np.flatnonzero(moments.nonfinite)[0])
         raise InputError(
-            f"{x_name} holds {int(moments.nonfinite.sum()):,} NaN or infinite value(s) "
-            f"(the first in {what} {first}); --{std.mode} needs them filled or removed first"
+            f"{x_name} holds {int(moments.nonfinite.sum()):,} infinite value(s) (the first in "
+            f"{what} {first}); --{std.mode} needs them replaced or removed first"
         )
-    if std.mode == "kinship":
-        return _kinship(std, moments, x_name, what)
+    absent = moments.absent
+    if std.missing is None and absent.any():
+        first = int(np.flatnonzero(absent)[0])
+        raise InputError(
+            f"{x_name} holds {int(absent.sum()):,} NaN value(s) in {int((absent > 0).sum()):,} "
+            f"{what}(s) (the first in {what} {first}); --{std.mode} needs a policy for them: "
+            "--missing drop-columns leaves out every variable holding one (NaN in G, as for "
+            "land points), --missing impute fills each with its variable's mean"
+        )
     if std.mode == "center" and n - std.ddof <= 0:
         raise UsageError(
             f"--ddof {std.ddof} leaves no divisor: each variable has {n} value(s) (n − ddof "
             f"= {n - std.ddof}); pass a smaller --ddof"
         )
+    # impute: a variable with no value at all has no mean to fill with; it is left out too
+    drop = absent > 0 if std.missing == "drop-columns" else moments.present == 0
+    counted = replace(std, count=n, dropped=int(drop.sum()), imputed=int(absent[~drop].sum()))
+    if std.mode == "kinship":
+        return _kinship(counted, moments, drop, x_name, what)
+    mean = np.where(drop, 0.0, moments.mean)
     if std.mode == "center":
-        scale = np.full(moments.mean.shape, 1.0 / math.sqrt(n - std.ddof))
-        return replace(std, shift=moments.mean, scale=scale, count=n, used=len(scale))
-    spread = moments.m2 > 0
+        scale = np.where(drop, np.nan, 1.0 / math.sqrt(n - std.ddof))
+        return replace(counted, shift=mean, scale=scale, used=int((~drop).sum()))
+    spread = (moments.m2 > 0) & ~drop
     with np.errstate(divide="ignore"):
         scale = np.where(spread, 1.0 / np.sqrt(np.where(spread, moments.m2, 1.0)), np.nan)
-    constant = int((~spread).sum())
-    return replace(
-        std, shift=moments.mean, scale=scale, count=n, used=len(scale), constant=constant
-    )
+    constant = int((~spread & ~drop).sum())
+    return replace(counted, shift=mean, scale=scale, used=int((~drop).sum()), constant=constant)
 
 
-def _kinship(std: Standardize, moments: Moments, x_name: str, what: str) -> Standardize:
+def _kinship(
+    std: Standardize, moments: Moments, drop: NDArray[np.bool_], x_name: str, what: str
+) -> Standardize:
     low, high = DOSAGES
-    outside = (moments.low < low) | (moments.high > high)
+    outside = ((moments.low < low) | (moments.high > high)) & ~drop
     if outside.any():
         first = int(np.flatnonzero(outside)[0])
+        code = "" if std.code is None else f" (--missing-code {std.code:g} is taken as missing)"
         raise InputError(
             f"--kinship takes genotype dosages 0, 1 or 2 (0..2 for imputed ones), but "
             f"{x_name}'s variant {what} {first} holds values from "
-            f"{moments.low[first]:g} to {moments.high[first]:g}; recode missing genotypes "
-            "(e.g. -1 or 3) by imputing them first"
+            f"{moments.low[first]:g} to {moments.high[first]:g}{code}; if a value marks a "
+            "missing call (e.g. -1 or 3), pass --missing-code with it"
         )
-    p = moments.mean / 2
+    p = np.where(drop, 0.0, moments.mean / 2)
     var = 2 * p * (1 - p)
-    varies = var > 0
+    varies = (var > 0) & ~drop
     m = int(varies.sum())
     if m == 0:
         raise InputError(
             f"--kinship: no variant of {x_name} has both alleles among the samples (each is "
-            "all 0 or all 2), so the relationship matrix is undefined"
+            "all 0 or all 2"
+            + (", or left out for missing calls" if std.dropped else "")
+            + "), so the relationship matrix is undefined"
         )
-    scale = np.where(varies, 1.0 / np.sqrt(np.where(varies, var, 1.0) * m), 0.0)
-    constant = len(scale) - m
-    return replace(
-        std, shift=moments.mean, scale=scale, count=moments.count, used=m, constant=constant
-    )
+    safe = np.where(varies, var, 1.0)
+    if std.form == "vanraden":
+        scale = np.where(varies, 1.0 / math.sqrt(float(var[varies].sum())), 0.0)
+    else:
+        scale = np.where(varies, 1.0 / np.sqrt(safe * m), 0.0)
+    constant = len(scale) - m - std.dropped
+    return replace(std, shift=2 * p, scale=scale, used=m, constant=constant)

@@ -13,6 +13,7 @@ from distributed import Client
 
 from pipeline.plan.standardize import Moments, Standardize, block_moments, measured, merge
 from pipeline.store import inputs
+from pipeline.store.fields import as_matrix
 
 log = logging.getLogger("pipeline")
 
@@ -38,19 +39,34 @@ def blocks(
     return bands
 
 
-def block_task(url: str, options: dict[str, Any], name: str, at: Any, axis: int) -> Moments:
-    """Worker side: one block's moments."""
-    x = inputs.open_on_worker(url, options, name)
+def block_task(
+    url: str,
+    options: dict[str, Any],
+    name: str,
+    at: Any,
+    axis: int,
+    code: float | None = None,
+    split: int | None = None,
+) -> Moments:
+    """Worker side: one block's moments (``code``: a value that means missing; ``split``: an
+    N-D field's, pipeline.store.fields)."""
+    x = as_matrix(inputs.open_on_worker(url, options, name), split)
     rows, cols = at
     block = inputs.read_block(x, rows, cols, "float64", name, url, retry=", then rerun")
-    return block_moments(block, axis)
+    return block_moments(block, axis, code)
 
 
 def measure(
-    client: Client, url: str, options: dict[str, Any], std: Standardize, name: str = "X"
+    client: Client,
+    url: str,
+    options: dict[str, Any],
+    std: Standardize,
+    name: str = "X",
+    split: int | None = None,
 ) -> Standardize:
-    """``std`` with X's shifts and scales, from one pass over X on the cluster."""
-    x = inputs.open_input(url, options, name)
+    """``std`` with X's shifts and scales, from one pass over X on the cluster (``split``: an
+    N-D field read as a matrix, pipeline.store.fields)."""
+    x = as_matrix(inputs.open_input(url, options, name), split)
     shape = (int(x.shape[0]), int(x.shape[1]))
     chunks = (int(x.chunks[0]), int(x.chunks[1]))
     log.info("measuring the %s of %s (one pass over it)", std.measures, name)
@@ -59,7 +75,15 @@ def measure(
     for b, band in enumerate(blocks(shape, chunks, std.axis)):
         parts = [
             client.submit(
-                block_task, url, options, name, at, std.axis, key=f"moments-{run}-{b}-{i}"
+                block_task,
+                url,
+                options,
+                name,
+                at,
+                std.axis,
+                std.code,
+                split,
+                key=f"moments-{run}-{b}-{i}",
             )
             for i, at in enumerate(band)
         ]
@@ -79,7 +103,8 @@ def _concatenate(bands: list[Moments]) -> Moments:
     def joined(name: str) -> Any:
         return np.concatenate([getattr(b, name) for b in bands])
 
+    missing = None if all(b.missing is None for b in bands) else joined("absent")
     return Moments(
         bands[0].count, joined("mean"), joined("m2"), joined("low"), joined("high"),
-        joined("nonfinite"),
+        joined("nonfinite"), missing,
     )  # fmt: skip

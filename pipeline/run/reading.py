@@ -23,6 +23,7 @@ from pipeline.run import events
 from pipeline.run.panel_cache import CACHE
 from pipeline.run.timing import PhaseTimes
 from pipeline.store import inputs
+from pipeline.store.fields import as_matrix
 
 
 def open_task(
@@ -30,8 +31,11 @@ def open_task(
 ) -> tuple[Any, Any, events.PanelReporter]:
     """A tile task's A and B (handles cached per worker and job), the worker's panel cache
     switched to the job, and the task's progress reporter."""
-    a = inputs.worker_array(spec.store.a_url, spec.store.storage_options, spec.fingerprint)
-    b = inputs.worker_array(spec.store.b_url, spec.store.storage_options, spec.fingerprint)
+    store = spec.store
+    a, b = (
+        as_matrix(inputs.worker_array(url, store.storage_options, spec.fingerprint), split)
+        for url, split in zip((store.a_url, store.b_url), store.splits, strict=True)
+    )
     CACHE.use(spec.run_id, spec.cache_bytes)
     k0 = panels[0][0] if panels else 0  # with the tile, names a split-K group
     report = events.PanelReporter(

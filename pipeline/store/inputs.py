@@ -6,6 +6,7 @@ import base64
 import cmath
 import contextlib
 import json
+import math
 import os
 import struct
 import zipfile
@@ -36,6 +37,7 @@ from pipeline.store.chunks.bounded import bounded, open_input_array, stored_code
 from pipeline.store.chunks.input_store import named
 from pipeline.store.chunks.raw import stored_chunks
 from pipeline.store.chunks.sizes import check_declared
+from pipeline.store.fields import FieldMatrix
 from pipeline.store.fs import (
     check_protocol,
     check_shared,
@@ -91,9 +93,13 @@ def open_input(url: str, storage_options: dict[str, Any] | None = None, name: st
 def array_spec(array: Any, name: str) -> ArraySpec:
     """Shape, chunks and dtype of an opened array, refusing what cannot be multiplied."""
     if array.ndim != 2:
+        field = (
+            ", or an N-D field read as one: name the dimensions summed over with --over "
+            "(multiply and gram; verify takes no N-D field yet)"
+        )
         raise InputError(
-            f"{name} has {array.ndim} dimension(s) {tuple(array.shape)}; "
-            "only 2-D matrices can be multiplied"
+            f"{name} has {array.ndim} dimension(s) {tuple(array.shape)}; only 2-D matrices can "
+            f"be multiplied{field if array.ndim > 2 else ''}"
         )
     dtype = np.dtype(array.dtype)
     if dtype.kind not in "biufc":
@@ -120,9 +126,10 @@ MISSING = ("_FillValue", "missing_value")
 """CF attributes naming a value that means "missing"."""
 
 
-def check_encoding(array: Any, name: str, url: str) -> None:
+def check_encoding(array: Any, name: str, url: str, missing: float | None = None) -> None:
     """Refuse CF-packed inputs and inputs with missing-value markers: both would be multiplied
-    as raw numbers. (A NaN marker is fine: NaN elements give NaN products, visibly.)"""
+    as raw numbers. (A NaN marker is fine: NaN elements give NaN products, visibly; so is
+    ``missing``, a value the product takes as missing.)"""
     attrs = dict(array.attrs)
     packed = {k: attrs[k] for k in PACKING if k in attrs}
     if packed:
@@ -133,12 +140,23 @@ def check_encoding(array: Any, name: str, url: str) -> None:
             "xr.open_zarr(STORE).drop_encoding().to_zarr(NEW_STORE) writes the decoded floats"
         )
     for key, marker in _missing_markers(array, attrs):
-        if not _is_nan(marker):
+        if not (_is_nan(marker) or (missing is not None and marker == missing)):
             raise InputError(
                 f"{name} ({url}) marks missing elements with {key}={marker}, which would be "
                 "multiplied as a number; fill them first (e.g. xarray's .fillna(0)) and write "
                 "the array without that attribute, or delete it if nothing is missing"
             )
+
+
+def missing_marker(array: Any) -> float | None:
+    """The one real number the array's CF attributes mark missing elements with (None: none,
+    NaN, or markers that disagree)."""
+    found = {m for _, m in _missing_markers(array, dict(array.attrs)) if not _is_nan(m)}
+    if len(found) != 1:
+        return None
+    (marker,) = found
+    ok = isinstance(marker, int | float) and not isinstance(marker, bool)
+    return float(marker) if ok and math.isfinite(marker) else None
 
 
 def _missing_markers(array: Any, attrs: dict[str, Any]) -> list[tuple[str, Any]]:
@@ -175,7 +193,10 @@ def _is_nan(value: Any) -> bool:
 
 def dimension_names(array: Any) -> tuple[str | None, str | None]:
     """The array's dimension names: Zarr v3 ``dimension_names``, or xarray's v2
-    ``_ARRAY_DIMENSIONS`` attribute; None where unnamed."""
+    ``_ARRAY_DIMENSIONS`` attribute; None where unnamed. An N-D field read as a matrix:
+    its sides' names (stacked ones joined, pipeline.store.fields)."""
+    if isinstance(array, FieldMatrix):
+        return array.dimension_names
     names = getattr(array.metadata, "dimension_names", None)
     if names is None:
         names = dict(array.attrs).get("_ARRAY_DIMENSIONS")
@@ -265,6 +286,8 @@ def read_block(
     chunk can take: StoredObjectError) is named without another read; a connection error stays
     as it is (the storage, not the input).
     """
+    if isinstance(array, FieldMatrix):
+        return _read_field(array, rows, cols, dtype, name, url, out, retry)
     selection = (slice(rows[0], rows[1]), slice(cols[0], cols[1]))
     try:
         direct = (
@@ -308,6 +331,43 @@ def read_block(
 
 
 Span = tuple[int, int, int, int]
+
+
+def _read_field(
+    array: FieldMatrix,
+    rows: tuple[int, int],
+    cols: tuple[int, int],
+    dtype: str,
+    name: str,
+    url: str,
+    out: NDArray[Any] | None,
+    retry: str,
+) -> NDArray[Any]:
+    """``read_block`` of an N-D field read as a matrix: the stored box through zarr, a chunk
+    that fails named by the box it lies in."""
+    try:
+        return np.asarray(array.read(rows, cols, dtype, out))
+    except StoredObjectError as e:
+        raise named(e, name, url, retry) from e
+    except Exception as e:
+        if storage_problem(e, None):
+            raise
+        box = ", ".join(f"{s.start}:{s.stop}" for s in array.box(rows, cols)[0])
+        where = (
+            f"in its box [{box}] (rows {rows[0]}:{rows[1]}, columns {cols[0]}:{cols[1]} of it "
+            "as a matrix)"
+        )
+        fix = f"restore that chunk from a good copy or rewrite {name}{retry}"
+        if isinstance(e, ChunkSizeError):
+            raise ChunkSizeError(
+                f"{name} ({url}) has a chunk of the wrong size {where}: {e}; {fix}",
+                e.declared,
+                e.expected,
+            ) from e
+        raise InputError(
+            f"{name} ({url}) has a chunk that cannot be read {where}: {type(e).__name__}: {e}; "
+            f"{fix}"
+        ) from e
 
 
 def _span(rows: tuple[int, int], cols: tuple[int, int]) -> tuple[int, int]:

@@ -2,7 +2,9 @@
 
 A path (``str`` or ``os.PathLike``), an fsspec URL, or a ``zarr.Array`` whose store the workers
 can reach: a local store, an fsspec store (its file system's options come along) or a zip
-store. An array in memory lives in this process only, so it is refused.
+store. A zarr.Array in a memory store lives in this process only, so it is refused; numpy and
+dask arrays as A and B are copied before they get here (pipeline.store.in_memory), and as OUT
+are refused.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from pipeline.errors import ArgumentTypeError, UsageError
 from pipeline.sensitive.text import is_sensitive
 from pipeline.sensitive.values import redact
 from pipeline.store.fs import normalize_url
+from pipeline.store.in_memory import refuse_as_out
 
 ACCEPTED = "a path (str or os.PathLike), an fsspec URL such as s3://bucket/a.zarr, or a zarr.Array"
 
@@ -30,8 +33,11 @@ def locate(obj: object, name: str) -> tuple[str, dict[str, Any]]:
         return normalize_url(obj), {}
     if isinstance(obj, zarr.Array):
         return _array_location(obj, name)
+    if name == "OUT":
+        refuse_as_out(obj)
     kind = f"{type(obj).__module__}.{type(obj).__qualname__}"
-    raise ArgumentTypeError(f"{name} is a {kind}; give {ACCEPTED}")
+    also = "" if name == "OUT" else ", or a numpy or dask array (copied to a temporary Zarr array)"
+    raise ArgumentTypeError(f"{name} is a {kind}; give {ACCEPTED}{also}")
 
 
 def merge_options(name_options: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:

@@ -30,7 +30,7 @@ from pipeline.errors import (
     UsageError,
     storage_problem,
 )
-from pipeline.plan.standardize import MOMENTS_KEY, Standardize
+from pipeline.plan.standardize import Standardize
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import deputy, door, groups, journal, links, lock, owned, signature
 from pipeline.store.chunks.archive_store import archive_path
@@ -399,7 +399,8 @@ class Output:
     ) -> None:
         """Set the fingerprint, ``complete`` and ``verified`` (those given) in OUT's record;
         ``standardize``: the measured standardization it states (and the shifts and scales in
-        OUT's ``tilegemm_moments`` attribute, where there are few enough)."""
+        OUT's ``tilegemm_mean`` and ``tilegemm_scale`` attributes, where there are few
+        enough)."""
         array = self._open("r+")
         current = of_array(array)
         if current is None and ATTRS_KEY in dict(array.attrs):
@@ -419,8 +420,7 @@ class Output:
         if standardize is not None:
             marked = dataclasses.replace(marked, standardize=standardize.record())
             attributes = marked.attributes()
-            if (moments := standardize.stored()) is not None:
-                attributes[MOMENTS_KEY] = moments
+            attributes |= standardize.stored() or {}
         array.attrs.update(attributes)
 
     def check_fence(self, lock_token: str) -> None:

@@ -29,7 +29,7 @@ FIELDS = (
 
 STANDARDIZE_FIELDS = (
     "mode", "axis", "ddof", "divisor", "count", "digest", "variants_used", "monomorphic",
-    "constant",
+    "constant", "form", "missing", "missing_code", "imputed", "dropped",
 )  # fmt: skip
 """What a standardized Gram product's record states."""
 
@@ -84,8 +84,11 @@ class OutRecord:
             isinstance(std, dict)
             and set(std) <= set(STANDARDIZE_FIELDS)
             and all(
-                isinstance(v, str) and len(v) <= 64 or _count(v, -(2**62)) for v in std.values()
+                isinstance(v, str) and len(v) <= 64 or _count(v, -(2**62))
+                for k, v in std.items()
+                if k != "missing_code"
             )
+            and _finite(std.get("missing_code", 0))
         ):
             raise ValueError(f"standardize is {std!r}, not a standardization's record")
 
@@ -187,7 +190,8 @@ def _standardized(record: OutRecord) -> str:
     if "mode" not in std:
         return ""
     ddof = f" --ddof {std['ddof']}" if std["mode"] == "center" and "ddof" in std else ""
-    return f"--{std['mode']}{ddof}"
+    form = f" {std['form']}" if std.get("form", "standardized") != "standardized" else ""
+    return f"--{std['mode']}{form}{ddof}"
 
 
 def alpha_flag(record: OutRecord) -> str:
@@ -231,6 +235,10 @@ def _text(number: float) -> str:
 
 def _count(value: object, least: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _finite(value: object) -> bool:
+    return _number(value) and math.isfinite(value)  # type: ignore[arg-type]
 
 
 def _number(value: object) -> bool:

@@ -28,9 +28,11 @@ def forget_stale(
     plan: MatmulPlan,
     now: dict[str, Listing],
     encodings: tuple[tuple[str, str], tuple[str, str]],
+    splits: tuple[int | None, int | None] = (None, None),
 ) -> set[tuple[int, int]]:
     """--resume: drop the journal entries of tiles that read an object changed since the last
-    run started, then save today's listings (in this order: a kill in between repeats it)."""
+    run started, then save today's listings (in this order: a kill in between repeats it).
+    ``splits``: the inputs' as read (an N-D field's chunk keys have more parts)."""
     then = output.input_listings()
     if then is None or not all(isinstance(then.get(n), dict) for n in NAMES):
         raise UsageError(
@@ -38,7 +40,10 @@ def forget_stale(
             "older version, or the record is damaged), so a change to A or B could not be "
             "told; use --overwrite to start over"
         )
-    a, b = (changed_chunks(then[n], now[n], e) for n, e in zip(NAMES, encodings, strict=True))
+    a, b = (
+        changed_chunks(then[n], now[n], e, s)
+        for n, e, s in zip(NAMES, encodings, splits, strict=True)
+    )
     stale = journal.stale_tiles(plan, a, b)
     if stale:
         log.info(

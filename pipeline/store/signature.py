@@ -57,25 +57,33 @@ def key_encoding(array: Any) -> tuple[str, str]:
     return str(encoding.name), str(encoding.separator)
 
 
-def chunk_index(key: str, encoding: tuple[str, str]) -> tuple[int, int] | None:
+def chunk_index(
+    key: str, encoding: tuple[str, str], split: int | None = None
+) -> tuple[int, int] | None:
     """(row, column) of a 2-D chunk key (``c/1/0``, ``c.1.0``, ``1.0``, ``1/0``), else None.
-    (zarr 3.1's own ``decode_chunk_key`` mis-reads ``c/1/0``.)"""
+    (zarr 3.1's own ``decode_chunk_key`` mis-reads ``c/1/0``.) ``split``: an N-D field read
+    as a matrix (pipeline.store.fields), whose chunk ``c/i/.../j/...`` is in the matrix's
+    chunk (i, j): its first dimension's index and its ``split``-th's."""
     name, separator = encoding
     prefix = "c" + separator if name == "default" else ""
     parts = key.removeprefix(prefix).split(separator) if key.startswith(prefix) else []
+    if split is not None and len(parts) > split and all(p.isdigit() for p in parts):
+        return int(parts[0]), int(parts[split])
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
         return None
     return int(parts[0]), int(parts[1])
 
 
-def changed_chunks(then: Listing, now: Listing, encoding: tuple[str, str]) -> set[tuple[int, int]]:
+def changed_chunks(
+    then: Listing, now: Listing, encoding: tuple[str, str], split: int | None = None
+) -> set[tuple[int, int]]:
     """The (row, column) indices of stored objects (chunks, or shards) added, removed or
     rewritten between two listings; files that are no chunk key (metadata, strays) are left
-    out: a metadata change is the fingerprint's to catch."""
+    out: a metadata change is the fingerprint's to catch. ``split``: ``chunk_index``'s."""
     changed = set()
     for key in then.keys() | now.keys():
         if then.get(key) != now.get(key):
-            index = chunk_index(key, encoding)
+            index = chunk_index(key, encoding, split)
             if index is not None:
                 changed.add(index)
     return changed

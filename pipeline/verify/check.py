@@ -55,6 +55,7 @@ from pipeline.run import moments
 from pipeline.run.client import input_error, wait_some
 from pipeline.run.progress import CheckLine
 from pipeline.store import inputs as io
+from pipeline.store.fields import as_matrix
 from pipeline.store.fs import absolute, check_credentials, local_path
 from pipeline.store.output import Output
 from pipeline.store.reach import check_readable
@@ -161,19 +162,22 @@ def verify_product(
     c_old: tuple[str, float] | None = None,
     precision: str | None = None,
     standardize: Standardize | None = None,
+    splits: tuple[int | None, int | None] = (None, None),
 ) -> VerifyResult:
     """Check C == α·op(A)·op(B) (+ β·C_old: ``c_old`` = (its URL, β), after --accumulate);
     the transposes, α and the precision (the tolerance's) default to those C's attributes
     record (fp32 for a C without ours), and a Gram product's C (recorded symmetric) must also
     equal its transpose bitwise. A covariance, correlation or kinship (recorded) is checked
     against X standardized: ``standardize`` (measured), else X's moments measured again, which
-    must match the record's digest."""
+    must match the record's digest. ``splits``: N-D fields read as matrices (the job's own
+    check; pipeline.store.fields)."""
     options = dict(storage_options or {})
     given = (transpose_a, transpose_b)
     a_url, b_url, c_url = (absolute(u) for u in (a_url, b_url, c_url))  # for any worker's cwd
     if c_old is None:  # the job's own check of an accumulation passes its originals
         _check_not_accumulating(a_url, b_url, c_url, options)
-    (a, b, c), transposed, symmetric, ours = _operation(a_url, b_url, c_url, options, given)
+    found = _operation(a_url, b_url, c_url, options, given, splits)
+    (a, b, c), transposed, symmetric, ours = found
     alpha = _recorded_alpha(ours) if alpha is None else alpha
     precision = precision or _recorded_precision(ours)
     scaled = None
@@ -195,6 +199,7 @@ def verify_product(
         scaled,
         precision,
         standardize,
+        splits,
     )
     run = uuid.uuid4().hex[:12]  # fresh keys: data may have changed since an earlier check
     line = CheckLine(progress)
@@ -310,10 +315,13 @@ def _operation(
     c_url: str,
     options: dict[str, Any] | None,
     given: tuple[bool | None, bool | None],
+    splits: tuple[int | None, int | None] = (None, None),
 ) -> tuple[tuple[ArraySpec, ArraySpec, ArraySpec], tuple[bool, bool], bool, OutRecord | None]:
     """``check_operation``, and C's record: C is opened once, its record read once."""
-    a = io.array_spec(io.open_input(a_url, options, "A"), "A")
-    b = io.array_spec(io.open_input(b_url, options, "B"), "B")
+    a, b = (
+        io.array_spec(as_matrix(io.open_input(url, options, name), split), name)
+        for url, name, split in zip((a_url, b_url), "AB", splits, strict=True)
+    )
     c_array, ours = _open_c(c_url, options)
     _check_finished(ours, (a_url, b_url, c_url))
     transposed, symmetric = symmetry.recorded(ours, given, c_url)

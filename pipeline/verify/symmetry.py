@@ -9,7 +9,10 @@ from typing import Any
 from distributed import Client, Future
 
 from pipeline.errors import UsageError
-from pipeline.store.record import ATTRS_KEY, OutRecord
+from pipeline.store import inputs
+from pipeline.store.fs import check_credentials, local_path
+from pipeline.store.reach import check_readable
+from pipeline.store.record import ATTRS_KEY, OutRecord, of_array
 from pipeline.verify import tasks
 
 
@@ -31,6 +34,24 @@ def recorded(
             f"{_text(chosen)}; drop the --transpose flags (verify reads them from C)"
         )
     return chosen, ours.symmetric
+
+
+def gram_operands(x_url: str, g_url: str, options: dict[str, Any] | None) -> tuple[str, str, str]:
+    """``verify X G``'s A, B and C: X, X and G, when G's record says `gram` wrote it (the
+    transposes, Xᵀ·X or X·Xᵀ, are then read from there too); any other G is refused with the
+    fix, three operands."""
+    check_credentials(g_url, "G")
+    local = local_path(g_url)
+    if local is not None:
+        check_readable("G", g_url, local)
+    ours = of_array(inputs.open_input(g_url, options, "G"))
+    if ours is None or not ours.symmetric:
+        raise UsageError(
+            f"G ({g_url}) is not a Gram product this tool wrote (its {ATTRS_KEY} attribute "
+            "does not record one), so `verify X G` cannot tell what it is a product of; pass "
+            "A B C: `python -m pipeline verify A B C`"
+        )
+    return x_url, x_url, g_url
 
 
 def submit(client: Client, job: tasks.CheckSpec, run: str) -> list[Future[Any]]:

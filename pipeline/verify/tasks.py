@@ -113,6 +113,8 @@ class CheckSpec:
     standardize: Standardize | None = None
     """A covariance, correlation or kinship: C is the Gram product of X standardized with
     these shifts and scales, which the operands apply as they are read."""
+    splits: tuple[int | None, int | None] = (None, None)
+    """N-D fields read as matrices: A's and B's leading dimensions stacked as rows."""
 
     __repr__ = redacted_repr
 
@@ -270,7 +272,8 @@ def check_rows(job: CheckSpec, rows: tuple[int, int], ref: _Reference, noise: fl
 
 def _operand(job: CheckSpec, index: int) -> Any:
     url, name = job.urls[index], "AB"[index]
-    return open_operand(url, job.options, name, job.transposed[index], job.standardize)
+    transposed, split = job.transposed[index], job.splits[index]
+    return open_operand(url, job.options, name, transposed, job.standardize, split)
 
 
 def asymmetric(job: CheckSpec, rows: tuple[int, int]) -> int:

@@ -13,6 +13,7 @@ from numpy.typing import NDArray
 
 from pipeline.plan.standardize import Standardize
 from pipeline.store import inputs
+from pipeline.store.fields import as_matrix
 
 
 @dataclass(frozen=True)
@@ -60,9 +61,11 @@ def open_operand(
     name: str,
     transposed: bool,
     standardize: Standardize | None = None,
+    split: int | None = None,
 ) -> Any:
-    """An input opened read-only in a task, as the product uses it."""
-    array = inputs.open_on_worker(url, options, name)
+    """An input opened read-only in a task, as the product uses it (``split``: an N-D field
+    read as a matrix, pipeline.store.fields)."""
+    array = as_matrix(inputs.open_on_worker(url, options, name), split)
     if standardize is not None:
         array = Standardized(array, standardize)
     return Transposed(array) if transposed else array

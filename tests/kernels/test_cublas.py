@@ -24,7 +24,10 @@ from pipeline.errors import BackendUnavailableError, UsageError
 from pipeline.run.client import resolve_backend
 from tests.helpers import REPO, assert_product, random_matrix, run_cli, write_array
 
-FIX = r"needs CuPy with cuBLAS \(pip install \"zarr-tilegemm\[cublas\]\"\) and a CUDA GPU"
+FIX = (
+    r"needs CuPy with cuBLAS \(pip install \"\.\[cublas\]\" in the zarr-tilegemm checkout\) "
+    r"and a CUDA GPU"
+)
 
 no_cublas = pytest.mark.skipif(cublas_available(), reason="CuPy and a GPU are present here")
 

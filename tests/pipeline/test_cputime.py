@@ -125,7 +125,7 @@ def test_cli_prints_cpu_seconds_by_kind(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("time:")]
     usage = re.search(r"user ([\d.]+) s, system ([\d.]+) s", line)
-    kinds = re.search(", ".join(rf"{row} (-?[\d.]+)" for row in ROWS), line)
+    kinds = re.search(", ".join(rf"{row} (-?[\d.]+) CPU-s" for row in ROWS), line)
     assert usage and kinds, line
     total = float(usage.group(1)) + float(usage.group(2))
     assert abs(sum(float(x) for x in kinds.groups()) - total) <= 0.005 * len(ROWS) + 1e-9, line

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import re
+import shlex
 from pathlib import Path
 from types import ModuleType
 
@@ -59,6 +60,39 @@ def test_readme_options_table_matches_the_parser() -> None:
     backend = next(c for c in cells if c.startswith("`--backend "))
     choices = next(a.choices for a in subcommands["multiply"]._actions if a.dest == "backend")
     assert backend.strip("`").split(" ", 1)[1].split("\\|") == list(choices or ())
+
+
+def install_commands() -> list[str]:
+    """The command lines of the code block(s) in README's "## Installing" section."""
+    section = README.read_text().split("\n## Installing\n", 1)[1].split("\n## ", 1)[0]
+    blocks = section.split("```")[1::2]
+    return [line for block in blocks for line in block.splitlines() if line.strip()]
+
+
+def installed_targets(command: str) -> list[str]:
+    """What a ``pip install`` line installs: its arguments that are no option or option value."""
+    words = shlex.split(command.split("#", 1)[0])[2:]
+    takes_value = {"-c", "--constraint", "-r", "--requirement"}
+    return [
+        w for i, w in enumerate(words)
+        if not w.startswith("-") and (i == 0 or words[i - 1] not in takes_value)
+    ]  # fmt: skip
+
+
+def test_readme_installs_from_a_checkout_first() -> None:
+    """zarr-tilegemm is not on the package index: README's install lines come from a checkout
+    (a path: ".", ".[cuda]"), first of all the first one, and any line naming the package on
+    the index says on that line that it is not there yet."""
+    commands = install_commands()
+    assert commands and installed_targets(commands[0]) == ["."], commands[0]
+    section = README.read_text().split("\n## Installing\n", 1)[1].split("\n## ", 1)[0]
+    assert "not on the package index" in " ".join(section.split()[:40])  # said first
+    for command in commands:
+        if not command.startswith("pip install"):
+            continue
+        targets = installed_targets(command)
+        from_index = [t for t in targets if not t.startswith((".", "/"))]
+        assert targets and (not from_index or "not on the package index" in command), command
 
 
 @pytest.mark.parametrize("page", ["README.md", "DESIGN.md", "docs/cli.md", "docs/cluster.md"])

@@ -21,7 +21,7 @@ from pipeline.plan.search import plan_matmul
 from pipeline.plan.spec import ArraySpec, OutputSpec
 from pipeline.store.mirror import same_bits
 from pipeline.store.record import of_array
-from tests.helpers import assert_product, random_matrix, run_cli, write_array
+from tests.helpers import assert_product, random_matrix, refused, run_cli, write_array
 from tests.pipeline.test_s3 import put, s3  # noqa: F401, F811 - the moto S3 fixture
 
 GiB = 2**30
@@ -220,8 +220,46 @@ def test_cli_gram_dry_run_run_and_verify(tmp_path: Path) -> None:
     assert_product(zarr.open_array(out, mode="r")[:], x.T, x)
     checked = run_cli("verify", x_url, x_url, out, *common)
     assert checked.returncode == 0 and "0 element(s) differ from their mirror" in checked.stdout
+    two = run_cli("verify", x_url, out, *common)  # `verify X G`: X, X and G's transposes
+    assert two.returncode == 0, two.stderr
+    assert two.stdout == checked.stdout  # the same check, the same seed
     bad = run_cli("gram", x_url, str(tmp_path / "h.zarr"), "--transpose-a")
     assert bad.returncode == 2 and "gram takes no --transpose-a: " in bad.stderr
+
+
+def test_verify_x_g_reads_x_x_from_gs_record(tmp_path: Path, client: Client) -> None:
+    """`verify X G` of a G = X·Xᵀ: the orientation comes from G's record (read as Xᵀ·X its
+    shapes would not match), and a wrong G fails the check as `verify X X G` would."""
+    x = random_matrix(np.random.default_rng(7), (24, 16), "float32")
+    x_url = write_array(tmp_path / "x.zarr", x, (8, 8))
+    g_url = str(tmp_path / "g.zarr")
+    gram(x_url, g_url, rows=True, client=client)
+    common = ["--workers", "1", "--threads-per-worker", "1", "--dashboard-address", ":0"]
+    done = run_cli("verify", x_url, g_url, "--no-progress", *common)
+    assert done.returncode == 0 and done.stdout.startswith("verify ok:"), done.stderr
+    g = zarr.open_array(g_url, mode="r+")
+    g[0, 0] = float(np.asarray(g[0, 0])) + 1.0  # the diagonal: still symmetric, no longer X·Xᵀ
+    wrong = run_cli("verify", x_url, g_url, "--no-progress", *common)
+    assert wrong.returncode == 1 and "verify FAILED" in wrong.stdout, wrong.stderr
+
+
+@pytest.mark.parametrize("written_by", ["multiply", "hand"])
+def test_verify_x_c_of_no_gram_is_refused(tmp_path: Path, client: Client, written_by: str) -> None:
+    """Two operands name a Gram product of ours; any other C is refused before a cluster
+    starts, with the fix: pass A B C."""
+    x = random_matrix(np.random.default_rng(8), (16, 16), "float32")
+    x_url = write_array(tmp_path / "x.zarr", x, (8, 8))
+    c_url = str(tmp_path / "c.zarr")
+    if written_by == "multiply":  # ours, but a plain product's record (`multiply`), not gram's
+        multiply(x_url, x_url, c_url, transpose_a=True, client=client)
+    else:  # no record at all
+        write_array(tmp_path / "c.zarr", x.T @ x, (8, 8))
+    line = refused(run_cli("verify", x_url, c_url))
+    assert line == (
+        f"error: G ({c_url}) is not a Gram product this tool wrote (its tilegemm attribute "
+        "does not record one), so `verify X G` cannot tell what it is a product of; pass A B C: "
+        "`python -m pipeline verify A B C`"
+    )
 
 
 def test_output_request_is_square_by_default() -> None:

@@ -181,10 +181,10 @@ def test_a_nan_is_named_by_its_column_of_x_in_a_later_band(
     monkeypatch.setattr(moments, "BLOCK_ELEMENTS", 12)
     x = np.ones((10, 6))
     x[7, 4] = np.nan
-    x[1, 5] = np.inf
+    x[1, 5] = np.nan
     url = x_url(tmp_path, x, (2, 2))
-    with pytest.raises(InputError, match=r"^X holds 2 NaN or infinite value\(s\) \(the first "
-                       r"in column 4\); --center needs them filled"):  # fmt: skip
+    with pytest.raises(InputError, match=r"^X holds 2 NaN value\(s\) in 2 column\(s\) \(the "
+                       r"first in column 4\); --center needs a policy"):  # fmt: skip
         moments.measure(EagerClient(), url, {}, Standardize("center", 1), "X")  # type: ignore[arg-type]
 
 

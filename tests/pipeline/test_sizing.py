@@ -113,7 +113,9 @@ def test_storage_rate_sets_the_storage_term(tmp_path: Path) -> None:
     assert storage[0.05] == pytest.approx(10 * storage[0.5], rel=0.05)  # per chunk: small
     assert storage[None] < storage[0.5] / 10  # this host's page cache is far faster
     assert slow.bound_by == "storage"
-    assert line(str(plans[0.05]), "storage") == "0.05 GB/s per worker (--storage-gbps)"
+    assert line(str(plans[0.05]), "storage") == (
+        "reads 0.05 GB/s per worker (--storage-gbps), writes 0.05 GB/s per worker (--storage-gbps)"
+    )
 
 
 @pytest.mark.parametrize("given", [0, -1, float("nan"), float("inf"), 1e308, "fast", True])

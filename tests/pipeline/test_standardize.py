@@ -23,7 +23,7 @@ from pipeline import gram, verify_product
 from pipeline.cli.main import main
 from pipeline.errors import PipelineError
 from pipeline.plan.fitted_costs import COSTS
-from pipeline.plan.standardize import MOMENTS_KEY, Standardize
+from pipeline.plan.standardize import MEAN_KEY, Standardize
 from tests.helpers import run_cli, write_array
 from tests.pipeline.test_cli_refusals import FAST_CLUSTER, error_line, tree_digest
 
@@ -190,9 +190,8 @@ def test_matches_numpy(
     assert record["complete"] is True and record["verified"] is True
     summed, size = (shape[1], shape[0]) if rows else shape  # K, and G's side
     n = size if mode == "kinship" else summed  # each shift's values: per variable or variant
-    moments = g.attrs[MOMENTS_KEY]
     mean = variables_mean(x, mode, rows)
-    np.testing.assert_allclose(moments["two_p" if mode == "kinship" else "mean"], mean, 1e-12)
+    np.testing.assert_allclose(g.attrs[MEAN_KEY], mean, 1e-12)
     axis = "columns" if (mode == "kinship") == rows else "rows"
     std = record["standardize"]
     assert (std["mode"], std["axis"], std["count"]) == (mode, axis, n)
@@ -360,7 +359,10 @@ REFUSALS = [
     ("ddof-above-n", ["gram", "x", "--rows", "--center", "--ddof", "13"], "has 12 value(s)",
      False),
     ("kinship-outside", ["gram", "outside", "--kinship"], "from 0 to 3", False),
-    ("kinship-nan", ["gram", "holed", "--kinship"], "1 NaN or infinite value(s)", False),
+    ("missing-alone", ["gram", "x", "--missing", "impute"], "add --center, --scale or --kinship",
+     True),
+    ("missing-code-alone", ["gram", "x", "--missing-code", "-1"], "drop --missing-code", True),
+    ("kinship-form", ["gram", "x", "--kinship", "gcta"], "invalid choice: 'gcta'", True),
     ("center-nan", ["gram", "holed", "--center"], "(the first in column 2); --center", False),
     ("scale-nan", ["gram", "holed", "--rows", "--scale"], "(the first in row 6); --scale", False),
 ]  # fmt: skip

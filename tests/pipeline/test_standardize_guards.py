@@ -67,8 +67,8 @@ def test_dosages_outside_0_to_2_are_refused_with_the_fix() -> None:
     x = np.array([[0.0, 1.0], [2.0, -1.0]])  # variants are rows (axis 0)
     message = (
         "--kinship takes genotype dosages 0, 1 or 2 (0..2 for imputed ones), but X's variant "
-        "row 1 holds values from -1 to 2; recode missing genotypes (e.g. -1 or 3) by imputing "
-        "them first"
+        "row 1 holds values from -1 to 2; if a value marks a missing call (e.g. -1 or 3), pass "
+        "--missing-code with it"
     )
     with pytest.raises(InputError, match=whole(message)):
         measured(Standardize("kinship", 0), block_moments(x, 0))
@@ -173,7 +173,7 @@ def test_a_one_element_tile_of_a_correlation_is_finished() -> None:
 def test_exactly_max_stored_variables_are_stored() -> None:
     std = replace(Standardize("kinship", 0), shift=np.zeros(MAX_STORED), scale=np.ones(MAX_STORED))
     stored = std.stored()
-    assert stored is not None and len(stored["two_p"]) == MAX_STORED
+    assert stored is not None and len(stored["tilegemm_mean"]) == MAX_STORED
 
 
 # ---------------------------------------------------------------------------------------------
@@ -225,12 +225,21 @@ def test_a_record_names_its_standardization(
          "for their means and spreads"),
         (Standardize("scale", 0), "correlation of X's rows; one more pass over X first, for "
          "their means and spreads"),
-        (Standardize("kinship", 0), "kinship (VanRaden): X's rows are the variants, each "
-         "centred by 2p and scaled by 1/sqrt(2p(1-p)), G divided by the variants that vary; "
+        (Standardize("kinship", 0), "kinship (standardized, GCTA's): X's rows are the "
+         "variants, each centred by 2p and scaled by 1/sqrt(2p(1-p)), G divided by the "
+         "variants that vary; "
          "one more pass over X first, for p"),
-        (Standardize("kinship", 1), "kinship (VanRaden): X's columns are the variants, each "
-         "centred by 2p and scaled by 1/sqrt(2p(1-p)), G divided by the variants that vary; "
+        (Standardize("kinship", 1), "kinship (standardized, GCTA's): X's columns are the "
+         "variants, each centred by 2p and scaled by 1/sqrt(2p(1-p)), G divided by the "
+         "variants that vary; "
          "one more pass over X first, for p"),
+        (Standardize("kinship", 1, form="vanraden", missing="impute", code=-1.0),
+         "kinship (VanRaden's first method): X's columns are the variants, each centred by "
+         "2p, G = ZZᵀ / (2 Σ p(1-p)); monomorphic variants left out; missing values (NaN and "
+         "-1): its variable's mean; one more pass over X first, for p"),
+        (Standardize("center", 1, 1, missing="drop-columns"), "covariance of X's columns, "
+         "divided by n - 1; missing values (NaN): its variable left out (NaN in G); one more "
+         "pass over X first, for their means"),
     ],
 )  # fmt: skip
 def test_describe(std: Standardize, line: str) -> None:

@@ -123,7 +123,10 @@ def test_non_finite_values_are_counted_per_variable_and_left_out() -> None:
     x = np.arange(24, dtype=np.float64).reshape(6, 4)
     x[1, 2], x[4, 2], x[0, 0] = np.nan, np.inf, -np.inf
     total = merge(block_moments(x[:2], 1), block_moments(x[2:], 1))
-    np.testing.assert_array_equal(total.nonfinite, [1, 0, 2, 0])
+    np.testing.assert_array_equal(total.nonfinite, [1, 0, 1, 0])  # ±inf
+    np.testing.assert_array_equal(total.absent, [0, 0, 1, 0])  # NaN: missing
+    np.testing.assert_array_equal(total.present, [5, 6, 4, 6])
+    assert total.mean[2] == np.mean([2.0, 10, 14, 22])  # each variable over its own values
     assert np.isfinite(total.mean).all() and np.isfinite(total.m2).all()
     assert np.isfinite(total.low).all() and np.isfinite(total.high).all()
 
@@ -379,18 +382,18 @@ def test_measured_kinship_leaves_monomorphic_variants_out() -> None:
     np.testing.assert_allclose(std.scale[varies], 1 / np.sqrt(2 * p * (1 - p) * m)[varies])
     assert std.record() | {"digest": ""} == {
         "mode": "kinship", "axis": "rows", "count": 6, "variants_used": m,
-        "monomorphic": 10 - m, "digest": "",
+        "monomorphic": 10 - m, "digest": "", "form": "standardized",
     }  # fmt: skip
     stored = std.stored()
-    assert stored is not None and set(stored) == {"two_p", "scale"}
+    assert stored is not None and set(stored) == {"tilegemm_mean", "tilegemm_scale"}
 
 
 @pytest.mark.parametrize(
     ("value", "match"),
     [
-        (3, r"variant row 1 holds values from 0 to 3; recode missing genotypes"),
+        (3, r"variant row 1 holds values from 0 to 3; if a value marks a missing call"),
         (-1, r"variant row 1 holds values from -1 to 1"),
-        (np.nan, r"^X holds 1 NaN or infinite value\(s\) \(the first in row 1\); --kinship"),
+        (np.nan, r"^X holds 1 NaN value\(s\) in 1 row\(s\) \(the first in row 1\); --kinship"),
     ],
 )
 def test_measured_kinship_refuses_values_that_are_not_dosages(value: float, match: str) -> None:
@@ -409,13 +412,15 @@ def test_measured_kinship_refuses_when_no_variant_varies() -> None:
 def test_measured_refuses_non_finite_values() -> None:
     x = np.ones((4, 3))
     x[2, 1] = np.inf
-    with pytest.raises(InputError, match=r"^X holds 1 NaN .* \(the first in column 1\); --center"):
+    with pytest.raises(
+        InputError, match=r"^X holds 1 infinite value\(s\) \(the first in column 1\); --center"
+    ):
         measured(Standardize("center", 1), moments_of(x, 1))
 
 
 def test_stored_moments_only_up_to_max_stored() -> None:
     few = replace(Standardize("center", 1), shift=np.zeros(3), scale=np.ones(3))
-    assert few.stored() == {"mean": [0.0, 0.0, 0.0], "scale": [1.0, 1.0, 1.0]}
+    assert few.stored() == {"tilegemm_mean": [0.0, 0.0, 0.0], "tilegemm_scale": [1.0, 1.0, 1.0]}
     many = replace(few, shift=np.zeros(MAX_STORED + 1), scale=np.ones(MAX_STORED + 1))
     assert many.stored() is None and Standardize("center", 1).stored() is None
 

@@ -68,7 +68,7 @@ def test_cli_prints_the_accounting(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     (line,) = [x for x in done.stdout.splitlines() if x.startswith("time:")]
-    phases = re.search(", ".join(rf"{p} ([\d.]+)" for p in PHASES), line)
+    phases = re.search(", ".join(rf"{p} ([\d.]+) thread-s" for p in PHASES), line)
     usage = re.search(r"user ([\d.]+) s, system ([\d.]+) s, (\d+) page faults", line)
     wall = re.search(r"^done: .* in ([\d.]+) s", done.stdout, re.M)
     assert phases and usage and wall, done.stdout
@@ -91,7 +91,7 @@ def test_report_carries_the_accounting(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     page = report.read_text()
     at = page.index('<section id="tilegemm-accounting"')
-    assert at < page.index("</body>") and "thread-seconds product" in page[at:]
+    assert at < page.index("</body>") and "product " in page[at:] and " thread-s," in page[at:]
     assert "page faults" in page[at:]
 
 
@@ -112,3 +112,25 @@ def test_local_reads_decode_few_chunks_at_once(tmp_path: Path, client: Client) -
             multiply(a, b, str(tmp_path / "c.zarr"), client=client, backend=backend, overwrite=True)
         workers = {e["worker"] for e in stream.data if str(e["key"]).startswith("matmul-")}
         assert set(client.run(_zarr_concurrency, workers=list(workers)).values()) == {chunks}
+
+
+def test_the_time_line_labels_each_product_figure() -> None:
+    """Both sets of figures have a ``product``: thread-seconds of the tile tasks (3.3) and the
+    workers' CPU-seconds (0.92). Each figure says which it is, not only its set's heading."""
+    from pipeline.options.job_options import MultiplyResult
+    from pipeline.plan.search import plan_matmul
+    from pipeline.plan.spec import ArraySpec
+    from pipeline.summary import format_accounting
+
+    spec = ArraySpec((64, 64), (32, 32), "float32")
+    plan = plan_matmul(spec, spec, workers=1, threads_per_worker=2, memory_limit_bytes=2**30)
+    usage = {"user_seconds": 1.0, "system_seconds": 0.1, "page_faults": 7.0, "cpu_product": 0.92}
+    result = MultiplyResult(
+        (64, 64), "float32", 1.0, 4, 0, 0, "cpu", plan,
+        phases={"product": 3.3, "decode": 0.25}, usage=usage,
+    )  # fmt: skip
+    line = format_accounting(result)
+    products = ["product 3.300 thread-s,", "product 0.92 CPU-s"]
+    assert re.findall(r"product [\d.]+ \S+", line) == products
+    assert line.startswith("time: tile tasks' thread-seconds (wall time summed over their threads)")
+    assert "workers' CPU-seconds by kind: product 0.92 CPU-s" in line
