@@ -36,7 +36,7 @@ from pipeline.options.product import (
 )
 from pipeline.plan import dimensions, standardize
 from pipeline.plan.genotypes import check_kinship_orientation
-from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names
+from pipeline.plan.layout import DEFAULT_DIMENSIONS, dimension_names, fit_dimensions
 from pipeline.plan.operands import check_gram, operands
 from pipeline.plan.spec import OutputSpec, StoreSpec
 from pipeline.store import coordinates, groups, in_memory, inputs
@@ -173,7 +173,8 @@ def _validated(
         check_kinship_orientation(inputs.dimension_names(arrays[0]), rows=std.axis == 1)
     if std is not None and std.missing is not None and std.code is None:
         marker = inputs.missing_marker(arrays[0])  # xarray's _FillValue of X: a missing call
-        if marker is not None:
+        dosage = std.mode == "kinship" and marker is not None and 0 <= marker <= 2
+        if marker is not None and not dosage:
             std = replace(std, code=marker)
             options = replace(options, standardize=std)
     for array, (name, url) in zip(arrays, names, strict=True):
@@ -210,6 +211,8 @@ def _validated(
     a_names, b_names = (_names(x, t) for x, t in zip(arrays, store.transposed, strict=True))
     unnamed = groups.group_dimensions(store.out_url, store.storage_options)
     dims = dimension_names(a_names, b_names, unnamed=unnamed or DEFAULT_DIMENSIONS)
+    taken = groups.dimension_lengths(store.out_url, store.storage_options)
+    dims = fit_dimensions(dims, plan.out.shape, taken)
     digest = metadata_digest((arrays[0], arrays[1]))
     encodings = (key_encoding(arrays[0]), key_encoding(arrays[1]))
     return MatmulJob(store, a_spec, b_spec, options, digest, state, plan, dims, encodings)

@@ -331,7 +331,12 @@ class MatmulJob:
         opts = self.options
         std = opts.standardize
         if std is not None:
-            return {"standardize": [std.mode, std.axis, std.ddof]}
+            found: list[Any] = [std.mode, std.axis, std.ddof]
+            if std.mode == "kinship" and std.form != "standardized":
+                found.append(std.form)  # an older G's fingerprint stays the same
+            if std.missing is not None or std.code is not None:
+                found += [std.missing, std.code]
+            return {"standardize": found}
         if not opts.accumulate and opts.alpha == 1:
             return None
         return {"alpha": opts.alpha, "beta": opts.beta, "accumulate": opts.accumulate}

@@ -73,6 +73,8 @@ class _Keyword:
     choices: tuple[str, ...] = ()
     phrase: str = ""
     """Text that stands for the flag (no keyword takes it)."""
+    switch: bool = False
+    """A flag whose value is optional (``--kinship [FORM]``): alone, ``name=True``."""
 
 
 @contextlib.contextmanager
@@ -122,7 +124,13 @@ def python_spelling(message: str, options: Sequence[Option]) -> str:
 
 def _keywords(options: Sequence[Option]) -> dict[str, _Keyword]:
     found = {
-        o.flag: _Keyword(o.name, not isinstance(o.default, bool), "", o.choices or ())
+        o.flag: _Keyword(
+            o.name,
+            not isinstance(o.default, bool) or o.const is not None,
+            "",
+            o.choices or (),
+            switch=o.const is not None,
+        )
         for o in options
     }
     for f in dataclasses.fields(ClusterSpec):
@@ -247,6 +255,8 @@ def _render(run: list[tuple[_Keyword, str | None]]) -> str:
         fields = (f"{k.field}={'...' if v is None else _value(k, v)}" for k, v in run)
         return f"cluster=ClusterSpec({', '.join(fields)})"
     given = run[0][1]
+    if given is None and keyword.switch:
+        return f"{keyword.name}=True"
     return keyword.name if given is None else f"{keyword.name}={_value(keyword, given)}"
 
 

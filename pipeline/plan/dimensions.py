@@ -165,6 +165,13 @@ def _summed_for_gram(names: Names, over: str | None, stack: str | None) -> tuple
     if stack is not None:
         indexed = parse_names(stack, "--stack")
         _check_named("X", names, indexed, "--stack")
+        stored = tuple(n for n in names if n in indexed)
+        if stored != indexed:  # G's positions follow the stored order; another would mislead
+            raise UsageError(
+                f"--stack {stack}: X stores them as ({', '.join(str(n) for n in stored)}), and G "
+                "is indexed by them in stored order (read in place); pass --stack "
+                f"{','.join(str(n) for n in stored)}, or rewrite X in the order you want"
+            )
         rest = tuple(n for n in names if n is not None and n not in indexed)
         if summed is not None and set(summed) != set(rest):
             raise UsageError(
@@ -216,7 +223,7 @@ def _check_named(which: str, names: Names, wanted: tuple[str, ...], flag: str) -
         if count > 1:
             raise UsageError(
                 f"{flag} {name}: {which} names {count} dimensions {name!r} {_text(names)}; "
-                "use --rows/--transpose-* instead"
+                f"use {_instead(which)} instead"
             )
 
 
@@ -244,8 +251,13 @@ def _need_names(which: str, names: Names, flag: str) -> None:
     if all(n is None for n in names):
         raise UsageError(
             f"{flag} needs dimension names, and {which} has none (Zarr v3 dimension_names or "
-            "xarray's _ARRAY_DIMENSIONS); use --rows/--transpose-a/--transpose-b instead"
+            f"xarray's _ARRAY_DIMENSIONS); use {_instead(which)} instead"
         )
+
+
+def _instead(which: str) -> str:
+    """The flags that orient a product without names: gram's --rows, multiply's transposes."""
+    return "--rows" if which == "X" else "--transpose-a/--transpose-b"
 
 
 def _given(over: str | None, stack: str | None) -> str:

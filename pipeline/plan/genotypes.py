@@ -28,16 +28,13 @@ def check_kinship_orientation(
         return
     variants = next((n for n in names if _kind(n) == "variants"), None)
     shown = ", ".join(repr(n) for n in names)
-    product = (
-        "--rows (G = X·Xᵀ) sums over its second dimension"
-        if rows
-        else ("G = XᵀX sums over its first dimension")
-    )
-    fix = "drop --rows" if rows else "pass --rows"
-    over = f", or --over {variants}" if variants else ""
+    product, which = ("G = X·Xᵀ", "second") if rows else ("G = XᵀX", "first")
+    other = "G = XᵀX: no --rows" if rows else "G = X·Xᵀ: --rows"
+    over = f"--over {variants} (or {other})" if variants else other
     raise UsageError(
-        f"--kinship sums over the variants, but {x_name}'s dimensions are ({shown}) and "
-        f"{product}, {summed!r}; {fix}{over}"
+        f"--kinship sums over the variants, but {x_name}'s dimensions are ({shown}) and this "
+        f"product ({product}) sums over its {which}, {summed!r}; sum over the variants with "
+        f"{over}"
     )
 
 

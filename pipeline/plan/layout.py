@@ -121,3 +121,19 @@ def dimension_names(
     row = a_names[0] or unnamed[0]
     col = b_names[1] or unnamed[1]
     return (row, f"{col}_2" if col == row else col)
+
+
+def fit_dimensions(
+    names: tuple[str, str], shape: tuple[int, int], taken: dict[str, int]
+) -> tuple[str, str]:
+    """``names`` for OUT of ``shape``, each renamed (``lat_lon_2``, ``lat_lon_3``, ...) where
+    another array of its group names a dimension so with another length: xarray would not open
+    the group."""
+    fitted: list[str] = []
+    for name, length in zip(names, shape, strict=True):
+        found, n = name, 1
+        while taken.get(found, length) != length or found in fitted:
+            n += 1
+            found = f"{name}_{n}"
+        fitted.append(found)
+    return (fitted[0], fitted[1])

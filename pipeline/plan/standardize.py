@@ -313,7 +313,7 @@ def requested(
     form = kinship_form(kinship)
     if form and (center or scale):
         raise UsageError(
-            "--kinship standardizes each variant itself; drop --center and --scale (they "
+            "--kinship centres each variant itself; drop --center and --scale (they "
             "standardize the variables G is indexed by: a covariance or correlation)"
         )
     if ddof is not None and scale:
@@ -342,6 +342,12 @@ def requested(
                 "as it is)"
             )
         return None
+    low, high = DOSAGES
+    if form and missing_code is not None and low <= missing_code <= high:
+        raise UsageError(
+            f"--missing-code {missing_code:g} is a genotype dosage (0..2), so real calls would be "
+            "taken as missing; pass the value that marks a missing call (e.g. -1 or 3)"
+        )
     mode = "kinship" if form else "scale" if scale else "center"
     # G = XᵀX: the variables are X's columns, the variants (summed) its rows; --rows: the other.
     per_column = (mode == "kinship") == rows

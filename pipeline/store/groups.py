@@ -46,12 +46,18 @@ def enclosing_groups(url: str, storage_options: dict[str, Any]) -> list[GroupInf
     return groups
 
 
-def _open_group(url: str, storage_options: dict[str, Any]) -> Any:
+def _open_group(url: str, storage_options: dict[str, Any], consolidated: bool | None = None) -> Any:
     """A folder above OUT read as a group: a local one bounded and never waiting on a FIFO
-    (anyone may have written the folders around OUT)."""
+    (anyone may have written the folders around OUT); ``consolidated`` False: its members as
+    stored, not as its consolidated metadata (which may be stale) lists them."""
     if local_path(url) is not None:
-        return zarr.open_group(store=InputStore(url), mode="r")
-    return zarr.open_group(url, mode="r", storage_options=fsspec_options(url, storage_options))
+        return zarr.open_group(store=InputStore(url), mode="r", use_consolidated=consolidated)
+    return zarr.open_group(
+        url,
+        mode="r",
+        storage_options=fsspec_options(url, storage_options),
+        use_consolidated=consolidated,
+    )
 
 
 def in_group(url: str, storage_options: dict[str, Any]) -> bool:
@@ -71,6 +77,34 @@ def group_dimensions(url: str, storage_options: dict[str, Any]) -> tuple[str, st
         return None
     name = url.rstrip("/").rsplit("/", 1)[-1]
     return (f"{name}_{DEFAULT_DIMENSIONS[0]}", f"{name}_{DEFAULT_DIMENSIONS[1]}")
+
+
+MAX_SIBLINGS = 10_000
+"""The most arrays of OUT's group whose dimensions are read (a bigger group: the rest unread)."""
+
+
+def dimension_lengths(url: str, storage_options: dict[str, Any]) -> dict[str, int]:
+    """The length of each dimension the other arrays of OUT's group name (xarray opens a group
+    only where each name has one length); empty outside a group, or where it cannot be read."""
+    found: dict[str, int] = {}
+    folder, name = parent(url), url.rstrip("/").rsplit("/", 1)[-1]
+    if folder is None or not enclosing_groups(url, storage_options):
+        return found
+    try:
+        with _quiet():
+            group = _open_group(folder, storage_options, consolidated=False)
+            members = itertools.islice(group.arrays(), MAX_SIBLINGS)
+            for key, array in members:
+                names = getattr(array.metadata, "dimension_names", None)
+                names = names or dict(array.attrs).get("_ARRAY_DIMENSIONS")
+                if key == name or not isinstance(names, (list, tuple)):
+                    continue
+                for dim, length in zip(names, array.shape, strict=False):
+                    if isinstance(dim, str):
+                        found.setdefault(dim, int(length))
+    except Exception as e:  # noqa: BLE001 - an unreadable sibling: nothing to avoid there
+        log.debug("the dimensions of %s's group were not read: %s", url, e)
+    return found
 
 
 def output_format(url: str, storage_options: dict[str, Any]) -> int:

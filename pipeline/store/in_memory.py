@@ -2,9 +2,11 @@
 
 Each is written once to a private temporary folder on this machine: ``tempfile.mkdtemp``'s
 (under ``$TMPDIR``, mode 0700: this user alone), one per job, holding ``A.zarr`` and ``B.zarr``
-(``X.zarr`` for a Gram product; an array given twice is written once). The copies are Zarr v3,
-uncompressed, and go when the job has run, when it is garbage-collected, when planning it fails
-or when the interpreter exits, whichever comes first.
+(``X.zarr`` for a Gram product; an array given twice is written once). ``$TMPDIR`` must be a
+folder no other user can rename it in (private_base). The copies are Zarr v3, uncompressed, and
+go when the job has run, when it is garbage-collected, when planning it fails or when the
+interpreter exits, whichever comes first; a process killed first leaves them to the next job
+of the same user on the host (sweep_stale).
 
 The copies must fit: their bytes must leave ``reserve_bytes`` of the folder's file system free
 (else refused, naming the operand, its bytes and the limit). Both kinds are written one stored
@@ -22,6 +24,8 @@ import contextlib
 import math
 import os
 import shutil
+import socket
+import stat
 import sys
 import tempfile
 import weakref
@@ -34,6 +38,8 @@ import zarr
 
 from pipeline.errors import COPY_FOLDER_PREFIX, ArgumentTypeError, InputError, UsageError
 from pipeline.plan.units import format_bytes
+from pipeline.store import links
+from pipeline.store.deputy import owner_name
 
 SIDE = 1024
 """A copy's chunks are at most this many rows and columns to start with (copy_chunks)."""
@@ -134,16 +140,62 @@ def stage(
         return tuple(operands), None
     for name, obj in chosen.values():
         check_operand(obj, name)
-    check_room([(name, obj) for name, obj in chosen.values()], tempfile.gettempdir())
-    folder = tempfile.mkdtemp(prefix=COPY_FOLDER_PREFIX)
+    base = private_base(tempfile.gettempdir())
+    check_room([(name, obj) for name, obj in chosen.values()], base)
+    sweep_stale(base)
+    folder = tempfile.mkdtemp(prefix=_prefix() + f"{os.getpid()}-", dir=base)
     paths = {name: os.path.join(folder, f"{name}.zarr") for name, _ in chosen.values()}
     kinds = {name: _kind(obj) for name, obj in chosen.values()}
     copies = TemporaryOperands(folder, paths, kinds)
     with copies.removed_on_error():
         for name, obj in chosen.values():
-            write_copy(obj, copies.copies[name])
+            write_copy(obj, copies.copies[name], name)
     given = tuple(paths[chosen[id(o)][0]] if id(o) in chosen else o for o in operands)
     return given, copies
+
+
+def private_base(base: str) -> str:
+    """The temporary folder the copies go in, ``base`` resolved under the owner rule
+    (pipeline.store.links: a link another user planted on the way is refused); refused where
+    another user could rename the copies' folder and put their own arrays in its place: owned
+    by someone else than the caller or root, or writable by others without the sticky bit."""
+    found = links.resolve(base, "the temporary folder (TMPDIR)")
+    st = os.stat(found)
+    others = st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    if st.st_uid not in (0, os.geteuid()) or (others and not st.st_mode & stat.S_ISVTX):
+        why = (
+            f"is owned by {owner_name(st.st_uid)}"
+            if st.st_uid not in (0, os.geteuid())
+            else "is writable by others without the sticky bit"
+        )
+        raise UsageError(
+            f"the temporary folder {found} (TMPDIR) {why}, so another user could replace the "
+            "copy of an array in memory before the workers read it; point TMPDIR at a folder "
+            "only you can write (or a sticky one, as /tmp is), or write the array to Zarr "
+            "yourself and pass its path"
+        )
+    return found
+
+
+def _prefix() -> str:
+    """The copies' folder names: ours by host and process id (sweep_stale)."""
+    return f"{COPY_FOLDER_PREFIX}{socket.gethostname().replace('-', '_')}-"
+
+
+def sweep_stale(base: str) -> None:
+    """Remove the copies' folders of this user's processes on this host that are gone (killed
+    before they could remove them); a folder of a live process, another host's or another
+    user's is left alone."""
+    prefix = _prefix()
+    with contextlib.suppress(OSError), os.scandir(base) as entries:
+        for entry in entries:
+            pid = entry.name.removeprefix(prefix).split("-", 1)[0]
+            if not entry.name.startswith(prefix) or not pid.isdigit():
+                continue
+            st = entry.stat(follow_symlinks=False)
+            mine = stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            if mine and int(pid) != os.getpid() and not psutil.pid_exists(int(pid)):
+                shutil.rmtree(entry.path, ignore_errors=True)  # resists link attacks
 
 
 def check_operand(array: Any, name: str) -> None:
@@ -249,8 +301,9 @@ def _chunk_bytes(array: Any) -> int:
     return rows * cols * int(np.dtype(array.dtype).itemsize)
 
 
-def write_copy(array: Any, path: str) -> None:
-    """``array`` as an uncompressed Zarr v3 array at ``path`` (native byte order)."""
+def write_copy(array: Any, path: str, name: str = "A") -> None:
+    """``array`` as an uncompressed Zarr v3 array at ``path`` (native byte order); a dask block
+    that computes to another shape than its chunks declare is refused, naming ``name``."""
     chunks = _stored_chunks(array)
     copy = zarr.create_array(
         path,
@@ -264,7 +317,24 @@ def write_copy(array: Any, path: str) -> None:
     for i, j in np.ndindex(*_grid(copy.shape, chunks)):  # one chunk in memory at a time
         region = np.s_[i * chunks[0] : (i + 1) * chunks[0], j * chunks[1] : (j + 1) * chunks[1]]
         # a numpy view (Fortran order, strided) is copied one chunk at a time as zarr encodes it
-        copy[region] = array[region] if blocks is None else np.asarray(blocks[i, j].compute())
+        if blocks is None:
+            copy[region] = array[region]
+            continue
+        want = tuple(min(c, n - k * c) for c, n, k in zip(chunks, copy.shape, (i, j), strict=True))
+        where = (
+            f"{name} is a dask array whose block at rows {i * chunks[0]}:{i * chunks[0] + want[0]}"
+            f", columns {j * chunks[1]}:{j * chunks[1] + want[1]}"
+        )
+        fix = "fix what makes it (map_blocks needs chunks= when it changes a block's shape)"
+        try:
+            block = np.asarray(blocks[i, j].compute())
+        except ValueError as e:  # its parts did not fit together: chunks that lie
+            raise InputError(f"{where} cannot be computed ({e}); {fix}") from e
+        if block.shape != want:  # numpy would broadcast it
+            raise InputError(
+                f"{where} computes to shape {block.shape}, not its declared {want}; {fix}"
+            )
+        copy[region] = block
 
 
 def _grid(shape: tuple[int, ...], chunks: tuple[int, int]) -> tuple[int, int]:

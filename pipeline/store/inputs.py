@@ -140,6 +140,13 @@ def check_encoding(array: Any, name: str, url: str, missing: float | None = None
             "xr.open_zarr(STORE).drop_encoding().to_zarr(NEW_STORE) writes the decoded floats"
         )
     for key, marker in _missing_markers(array, attrs):
+        if missing is not None and not _is_nan(marker) and marker != missing:
+            raise InputError(
+                f"{name} ({url}) marks missing elements with {key}={marker}, and --missing-code "
+                f"{missing:g} names another value; pass --missing-code {marker} (or drop "
+                f"--missing-code: {key} is taken), after filling one kind with the other if "
+                "both occur"
+            )
         if not (_is_nan(marker) or (missing is not None and marker == missing)):
             raise InputError(
                 f"{name} ({url}) marks missing elements with {key}={marker}, which would be "

@@ -191,7 +191,10 @@ def _standardized(record: OutRecord) -> str:
         return ""
     ddof = f" --ddof {std['ddof']}" if std["mode"] == "center" and "ddof" in std else ""
     form = f" {std['form']}" if std.get("form", "standardized") != "standardized" else ""
-    return f"--{std['mode']}{form}{ddof}"
+    default = "impute" if std["mode"] == "kinship" else None  # a kinship's, unless told
+    missing = f" --missing {std['missing']}" if std.get("missing", default) != default else ""
+    code = f" --missing-code {std['missing_code']:g}" if "missing_code" in std else ""
+    return f"--{std['mode']}{form}{ddof}{missing}{code}"
 
 
 def alpha_flag(record: OutRecord) -> str:

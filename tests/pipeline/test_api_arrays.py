@@ -397,3 +397,68 @@ def test_other_types_name_the_array_forms(tmp_path: Path) -> None:
     b = write_array(tmp_path / "b.zarr", np.ones((5, 3), "float32"), (5, 3))
     with pytest.raises(TypeError, match=r"A is a builtins.list; .*, or a numpy or dask array"):
         pipeline.prepare([[1.0] * 5], b, str(tmp_path / "c.zarr"))
+
+
+# ---------------------------------------------------------------------------------------------
+# A dask array that lies about its blocks; the temporary folder's owner and the stale copies
+
+
+@pytest.mark.parametrize(
+    ("shrink", "says"),
+    [
+        (lambda b: b[:1, :1], r"computes to shape \(1, 1\), not its declared \(8, 6\)"),
+        (lambda b: b[:, :1], r"computes to shape \(8, 1\), not its declared \(8, 6\)"),
+    ],
+)
+def test_a_dask_block_of_another_shape_is_refused_not_broadcast(
+    temp: Path, shrink: Any, says: str
+) -> None:
+    x = np.arange(48.0).reshape(8, 6)
+    lying = da.from_array(x, chunks=(8, 6)).map_blocks(shrink, dtype=x.dtype)
+    with pytest.raises(InputError, match=r"^A is a dask array whose block at rows 0:8, columns "
+                       r"0:6 " + says):  # fmt: skip
+        in_memory.stage([lying], ["A"])
+    assert copies_in(temp) == []
+
+
+def test_blocks_that_do_not_fit_together_are_refused(temp: Path) -> None:
+    x = np.arange(96.0).reshape(16, 6)
+    widths = lambda b: b[:, : 1 + int(b[0, 0] > 0)]  # noqa: E731  (blocks 1 and 2 wide)
+    lying = da.from_array(x, chunks=(4, 6)).map_blocks(widths, dtype=x.dtype)
+    says = r"^A is a dask array whose block .* cannot be computed"
+    with pytest.raises(InputError, match=says), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(in_memory, "_stored_chunks", lambda array: (16, 6))
+        in_memory.stage([lying], ["A"])
+    assert copies_in(temp) == []
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o775, 0o757])
+def test_a_temporary_folder_others_can_rename_in_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(mode)
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    with pytest.raises(UsageError, match=r"is writable by others without the sticky bit, so "
+                       r"another user could replace the copy"):  # fmt: skip
+        in_memory.stage([np.ones((3, 3))], ["A"])
+    assert list(shared.iterdir()) == []
+    shared.chmod(mode | stat.S_ISVTX)  # sticky, as /tmp: only the owner renames
+    given, copies = in_memory.stage([np.ones((3, 3))], ["A"])
+    assert copies is not None and str(given[0]).startswith(str(shared))
+    copies.remove()
+
+
+def test_copies_of_a_killed_process_go_with_the_next_job(temp: Path) -> None:
+    prefix = in_memory._prefix()
+    dead = temp / f"{prefix}{2**22 + 12345}-abc"  # beyond pid_max's default: no such process
+    alive = temp / f"{prefix}{os.getppid()}-abc"
+    other_host = temp / f"{COPY_FOLDER_PREFIX}elsewhere-{2**22 + 12345}-abc"
+    for folder in (dead, alive, other_host):
+        (folder / "A.zarr").mkdir(parents=True)
+    given, copies = in_memory.stage([np.ones((2, 2))], ["A"])
+    assert copies is not None
+    left = set(copies_in(temp))
+    assert dead.name not in left and {alive.name, other_host.name} <= left
+    copies.remove()

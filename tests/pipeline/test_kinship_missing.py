@@ -181,11 +181,14 @@ def test_an_unknown_form_is_refused() -> None:
 @pytest.mark.parametrize(
     ("names", "rows", "says"),
     [
-        (("variants", "samples"), True, r"are \('variants', 'samples'\) and --rows \(G = X·Xᵀ\) "
-         r"sums over its second dimension, 'samples'; drop --rows, or --over variants"),
-        (("samples", "variants"), False, r"are \('samples', 'variants'\) and G = XᵀX sums over "
-         r"its first dimension, 'samples'; pass --rows, or --over variants"),
-        (("sid", "iid"), True, r"'iid'; drop --rows, or --over sid"),
+        (("variants", "samples"), True, r"are \('variants', 'samples'\) and this product "
+         r"\(G = X·Xᵀ\) sums over its second, 'samples'; sum over the variants with --over "
+         r"variants \(or G = XᵀX: no --rows\)$"),
+        (("samples", "variants"), False, r"are \('samples', 'variants'\) and this product "
+         r"\(G = XᵀX\) sums over its first, 'samples'; sum over the variants with --over "
+         r"variants \(or G = X·Xᵀ: --rows\)$"),
+        (("sid", "iid"), True, r"'iid'; sum over the variants with --over sid \(or G = XᵀX"),
+        (("samples", None), False, r"'samples'; sum over the variants with G = X·Xᵀ: --rows$"),
     ],
 )  # fmt: skip
 def test_an_orientation_the_names_contradict_is_refused(
@@ -247,7 +250,8 @@ def test_grm_of_sgkit_style_calls_with_missing_values(
         f"left out, 1 left out for missing values, {std['imputed']} missing value(s) imputed"
     ), done
     with pytest.raises(UsageError, match=r"dimensions are \('variants', 'samples'\) and "
-                       r"rows=True .* 'samples'; drop rows=True, or over"):  # fmt: skip
+                       r"this product \(G = X·Xᵀ\) sums over its second, 'samples'; sum over "
+                       r"the variants with over"):  # fmt: skip
         gram(f"{store}/call_dosage", f"{store}/wrong", client=client, kinship=form, rows=True)
     assert "wrong" not in zarr.open_group(store, mode="r")
 
@@ -292,3 +296,54 @@ def test_the_readmes_numpy_check_is_both_forms() -> None:
         exec(code, found)  # noqa: S102  (our own README's snippet)
     np.testing.assert_allclose(found["grm"], imputed_kinship(g, "standardized"), rtol=1e-12)
     np.testing.assert_allclose(found["vanraden"], imputed_kinship(g, "vanraden"), rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# What G was started with: --resume with another form or policy is refused, never mixed
+
+
+@pytest.mark.parametrize(
+    ("first", "then", "says"),
+    [
+        ({"kinship": True}, {"kinship": "vanraden"},
+         r"was started with kinship=True and this run has kinship='vanraden'|"
+         r"was started with --kinship and this run has --kinship vanraden"),
+        ({"kinship": True}, {"kinship": True, "missing": "drop-columns"},
+         r"started with .*kinship.* and this run has .*drop-columns"),
+        ({"center": True, "missing": "impute"}, {"center": True, "missing": "drop-columns"},
+         r"started with .*impute.* and this run has .*drop-columns"),
+    ],
+)  # fmt: skip
+def test_resume_with_another_form_or_policy_is_refused(
+    tmp_path: Path, client: Client, first: dict[str, Any], then: dict[str, Any], says: str
+) -> None:
+    g = calls(14, 8, 24)
+    url = write_array(tmp_path / "x.zarr", g, (8, 8), 3)
+    out = str(tmp_path / "g.zarr")
+    gram(url, out, client=client, rows=True, **first)
+    before = zarr.open_array(out, mode="r")[:]
+    with pytest.raises(UsageError, match=says):
+        gram(url, out, client=client, rows=True, resume=True, **then)
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], before)
+
+
+def test_a_dosage_is_no_missing_code() -> None:
+    for code in (0, 1, 2, 0.5):
+        with pytest.raises(UsageError, match=r"is a genotype dosage \(0\.\.2\), so real calls"):
+            requested(False, False, True, None, rows=True, missing_code=code)
+    requested(True, False, False, None, rows=False, missing_code=0)  # a covariance's may be
+
+
+def test_a_code_other_than_the_fill_value_is_named(tmp_path: Path) -> None:
+    coded = np.where(np.isnan(calls(15, 8, 16)), -1, calls(15, 8, 16)).astype(np.int8)
+    x = write_array(tmp_path / "x.zarr", coded, (8, 8), 3)
+    zarr.open_array(x, mode="r+").attrs["_FillValue"] = -1
+    with pytest.raises(InputError, match=r"marks missing elements with _FillValue=-1, and "
+                       r"missing_code=3 names another value|--missing-code 3 names another"):  # fmt: skip
+        pipeline_prepare_gram(x, str(tmp_path / "g.zarr"), kinship=True, missing_code=3)
+
+
+def pipeline_prepare_gram(x: str, out: str, **options: Any) -> Any:
+    from pipeline import prepare_gram
+
+    return prepare_gram(x, out, rows=True, **options)

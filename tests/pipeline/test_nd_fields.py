@@ -213,6 +213,9 @@ def test_summed_over_the_grid_and_times_a_matrix(
         (["gram", "{ds}/t2m", "--stack", "time,lon"], "ds.transpose('lat', 'time', 'lon')"),
         (["multiply", "{ds}/t2m", "{ds}/pc", "--over", "time", "--accumulate"],
          "error: --accumulate does not take N-D fields yet"),
+        (["gram", "{ds}/t2m", "--stack", "lon,lat"],
+         "error: --stack lon,lat: X stores them as (lat, lon), and G is indexed by them in "
+         "stored order (read in place); pass --stack lat,lon"),
         (["multiply", "{ds}/t2m", "{ds}/pc", "--over", "mode"],
          "error: --over mode: A has no dimension 'mode'; its dimensions are (time, lat, lon)"),
     ],
@@ -239,3 +242,27 @@ def test_changed_chunks_of_a_field_are_the_matrix_chunks() -> None:
     assert changed_chunks(then, now, encoding, split=1) == {(0, 1), (1, 1)}
     assert changed_chunks(then, now, encoding, split=2) == {(0, 2), (1, 0)}
     assert changed_chunks(then, now, encoding) == set()  # not 2-D chunk keys
+
+
+def test_a_stacked_name_another_array_of_the_group_uses_is_renamed(
+    field: tuple[str, Any], client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """xarray opens a group only where each dimension name has one length: G's stacked names
+    step aside from a sibling's ``lat_lon`` of another length."""
+    ds, t = field
+    zarr.create_array(f"{ds}/w", shape=(3,), dtype="f4", dimension_names=("lat_lon",))
+    done = run_main(["gram", f"{ds}/t2m", f"{ds}/G", "--over", "time", *cli(client)], capsys)
+    assert done.returncode == 0, done.stderr
+    g = xr.open_zarr(ds, consolidated=False)["G"]
+    assert g.dims == ("lat_lon_2", "lat_lon_2_2") and g.shape == (48, 48)
+    flat = t.reshape(t.shape[0], -1).astype(np.float64)
+    np.testing.assert_allclose(g.values, flat.T @ flat, rtol=1e-5)
+
+
+def test_fit_dimensions_keeps_what_fits_and_renames_what_clashes() -> None:
+    from pipeline.plan.layout import fit_dimensions
+
+    assert fit_dimensions(("x", "y"), (4, 5), {"x": 4, "y": 5, "z": 1}) == ("x", "y")
+    assert fit_dimensions(("x", "y"), (4, 5), {"x": 3}) == ("x_2", "y")
+    assert fit_dimensions(("x", "x_2"), (4, 4), {"x": 3, "x_2": 9}) == ("x_3", "x_2_2")
+    assert fit_dimensions(("x", "y"), (4, 5), {"x": 3, "x_2": 7}) == ("x_3", "y")

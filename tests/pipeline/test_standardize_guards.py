@@ -39,7 +39,7 @@ def whole(pattern: str) -> str:
 @pytest.mark.parametrize(
     ("center", "scale", "kinship", "ddof", "message"),
     [
-        (True, False, True, None, "--kinship standardizes each variant itself; drop --center "
+        (True, False, True, None, "--kinship centres each variant itself; drop --center "
          "and --scale (they standardize the variables G is indexed by: a covariance or "
          "correlation)"),
         (False, True, False, 1, "--ddof has no effect on a correlation (the divisor cancels, "

@@ -275,7 +275,7 @@ def test_requested(
 @pytest.mark.parametrize(
     ("center", "scale", "kinship", "ddof", "match"),
     [
-        (True, False, True, None, r"^--kinship standardizes each variant itself; drop --center"),
+        (True, False, True, None, r"^--kinship centres each variant itself; drop --center"),
         (False, True, True, None, r"^--kinship standardizes"),
         (False, False, False, 1, r"^--ddof sets --center's divisor n − ddof; add --center"),
         (False, False, True, 0, r"^--ddof sets --center's divisor"),
