@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 from kernels.backends import PRECISIONS
 from pipeline.errors import UsageError
 from pipeline.options.declaration import GRAM, MULTIPLY, Option
-from pipeline.options.product import declared, options_for
+from pipeline.options.product import DECLARED, declared, options_for
 from pipeline.plan.layout import parse_pair
 from pipeline.sensitive.text import is_sensitive, redact_url
 from pipeline.store.options_file import ENV, merged, options_from_env, options_from_file
@@ -264,6 +264,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
         sub = _subcommands(parser)[args.command]
         if args.command == GRAM:
             _refuse_for_gram(sub, extras, args.rows)
+        if args.command == MULTIPLY:
+            _refuse_for_multiply(sub, extras)
         options = [o for action in sub._actions for o in action.option_strings]
         sub.error(f"unrecognized arguments: {' '.join(extras)}{_suggest(extras, options)}")
     args.debug = getattr(args, "debug", False)
@@ -278,6 +280,20 @@ def _refuse_for_gram(sub: argparse.ArgumentParser, extras: list[str], rows: bool
     refused = [name for name in NOT_FOR_GRAM if declared(name).flag in given]
     if refused:
         sub.exit(2, f"error: {refusal(refused, rows)}\n")
+
+
+def _refuse_for_multiply(sub: argparse.ArgumentParser, extras: list[str]) -> None:
+    """gram's own options given to multiply: whose they are, not a near-named flag."""
+    given = {token.split("=", 1)[0] for token in extras}
+    theirs = [o.flag for o in DECLARED if o.commands == (GRAM,) and o.flag in given]
+    if theirs:
+        flags = " ".join(theirs)
+        over = "; multiply names the summed dimensions with --over" if "--stack" in theirs else ""
+        sub.exit(
+            2,
+            f"error: {flags}: gram's option(s), for G = XᵀX of one X: run `gram X G {flags}`"
+            f"{over}\n",
+        )
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:

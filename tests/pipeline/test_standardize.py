@@ -352,8 +352,10 @@ REFUSALS = [
     ("ddof-not-a-number", ["gram", "x", "--center", "--ddof", "one"], "got 'one'", True),
     ("integer-dtype", ["gram", "x", "--center", "--dtype", "int32"], "not whole numbers", True),
     ("complex", ["gram", "complex", "--center"], "--center takes real data; X is complex64", True),
-    ("multiply-center", ["multiply", "x", "x", "--center"], "unrecognized arguments: --center",
-     True),
+    ("multiply-center", ["multiply", "x", "x", "--center"],
+     "--center: gram's option(s), for G = XᵀX", True),
+    ("multiply-stack", ["multiply", "x", "x", "--stack", "a"],
+     "multiply names the summed dimensions with --over", True),
     # X is 20x12: 20 values per variable (its columns), 12 with --rows (its rows)
     ("ddof-is-n", ["gram", "x", "--center", "--ddof", "20"], "--ddof 20 leaves no divisor", False),
     ("ddof-above-n", ["gram", "x", "--rows", "--center", "--ddof", "13"], "has 12 value(s)",
