@@ -183,3 +183,15 @@ def refused(done: subprocess.CompletedProcess[str]) -> str:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1, done.stderr
     return errors[0]
+
+
+def run_main(argv: list[str], capsys: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m pipeline argv`` in this process (pytest's ``capsys`` takes its output)."""
+    from pipeline.cli.main import main
+
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, code, out, err)

@@ -322,19 +322,24 @@ def read_block(
         if isinstance(error, StoredObjectError):  # another chunk of the block, refused unread
             raise named(error, name, url, retry) from e
         key = f"{url.rstrip('/')}/{array.metadata.encode_chunk_key(index)}"
-        where = f"{key} (rows {span[0]}:{span[1]}, columns {span[2]}:{span[3]})"
-        fix = f"restore that chunk from a good copy or rewrite {name}{retry}"
-        if isinstance(error, ChunkSizeError):
-            raise ChunkSizeError(
-                f"{name} ({url}) has a chunk of the wrong size: {where}: {error}; {fix}",
-                error.declared,
-                error.expected,
-            ) from e
-        raise InputError(
-            f"{name} ({url}) has a chunk that cannot be read: {where} fails with "
-            f"{type(error).__name__}: {error}; {fix}"
-        ) from e
+        where = f": {key} (rows {span[0]}:{span[1]}, columns {span[2]}:{span[3]})"
+        raise _unreadable(error, f"{name} ({url})", where, f"{name}{retry}") from e
     return np.ascontiguousarray(block, dtype=dtype)
+
+
+def _unreadable(error: Exception, which: str, where: str, rewrite: str) -> InputError:
+    """A chunk that cannot be read or has the wrong size, named ``where`` it lies."""
+    fix = f"restore that chunk from a good copy or rewrite {rewrite}"
+    if isinstance(error, ChunkSizeError):
+        return ChunkSizeError(
+            f"{which} has a chunk of the wrong size{where}: {error}; {fix}",
+            error.declared,
+            error.expected,
+        )
+    return InputError(
+        f"{which} has a chunk that cannot be read{where} fails with "
+        f"{type(error).__name__}: {error}; {fix}"
+    )
 
 
 Span = tuple[int, int, int, int]
@@ -361,20 +366,10 @@ def _read_field(
             raise
         box = ", ".join(f"{s.start}:{s.stop}" for s in array.box(rows, cols)[0])
         where = (
-            f"in its box [{box}] (rows {rows[0]}:{rows[1]}, columns {cols[0]}:{cols[1]} of it "
+            f" in its box [{box}] (rows {rows[0]}:{rows[1]}, columns {cols[0]}:{cols[1]} of it "
             "as a matrix)"
         )
-        fix = f"restore that chunk from a good copy or rewrite {name}{retry}"
-        if isinstance(e, ChunkSizeError):
-            raise ChunkSizeError(
-                f"{name} ({url}) has a chunk of the wrong size {where}: {e}; {fix}",
-                e.declared,
-                e.expected,
-            ) from e
-        raise InputError(
-            f"{name} ({url}) has a chunk that cannot be read {where}: {type(e).__name__}: {e}; "
-            f"{fix}"
-        ) from e
+        raise _unreadable(e, f"{name} ({url})", where, f"{name}{retry}") from e
 
 
 def _span(rows: tuple[int, int], cols: tuple[int, int]) -> tuple[int, int]:

@@ -338,8 +338,8 @@ def test_a_code_other_than_the_fill_value_is_named(tmp_path: Path) -> None:
     coded = np.where(np.isnan(calls(15, 8, 16)), -1, calls(15, 8, 16)).astype(np.int8)
     x = write_array(tmp_path / "x.zarr", coded, (8, 8), 3)
     zarr.open_array(x, mode="r+").attrs["_FillValue"] = -1
-    with pytest.raises(InputError, match=r"marks missing elements with _FillValue=-1, and "
-                       r"missing_code=3 names another value|--missing-code 3 names another"):  # fmt: skip
+    says = r"_FillValue=-1, and (missing_code=3|--missing-code 3) names another value"
+    with pytest.raises(InputError, match=says):
         pipeline_prepare_gram(x, str(tmp_path / "g.zarr"), kinship=True, missing_code=3)
 
 

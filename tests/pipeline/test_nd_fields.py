@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from pathlib import Path
-from subprocess import CompletedProcess
 from typing import Any
 
 import numpy as np
@@ -18,12 +17,12 @@ import xarray as xr
 import zarr
 from distributed import Client
 
-from pipeline.cli.main import main
 from pipeline.plan.fitted_costs import COSTS
 from pipeline.store.fields import FieldMatrix
 from pipeline.store.inputs import read_block
 from pipeline.store.mirror import same_bits
 from pipeline.store.signature import changed_chunks
+from tests.helpers import run_main
 from tests.pipeline.test_cli_refusals import error_line, tree_digest
 
 pytestmark = pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")
@@ -60,16 +59,6 @@ def field(tmp_path: Path, request: pytest.FixtureRequest) -> tuple[str, np.ndarr
     zarr_format = getattr(request, "param", 3)
     ds.to_zarr(tmp_path / "ds.zarr", encoding=encoding, consolidated=True, zarr_format=zarr_format)
     return str(tmp_path / "ds.zarr"), t
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> CompletedProcess[str]:
-    """``python -m pipeline argv`` in this process."""
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return CompletedProcess(argv, code, out, err)
 
 
 def cli(client: Client) -> list[str]:

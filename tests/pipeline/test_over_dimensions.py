@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from subprocess import CompletedProcess
 from typing import Any
 
 import numpy as np
@@ -17,11 +16,11 @@ from distributed import Client
 
 from pipeline import gram, multiply
 from pipeline.api import prepare
-from pipeline.cli.main import main
 from pipeline.errors import InputError, UsageError
 from pipeline.gramian import prepare_gram
 from pipeline.plan import dimensions
 from pipeline.plan.dimensions import Names, resolve_gram, resolve_multiply
+from tests.helpers import run_main
 from tests.pipeline.test_cli_refusals import error_line, tree_digest
 
 TLL: Names = ("time", "lat", "lon")
@@ -159,7 +158,7 @@ def test_shared_name_not_summed_is_refused(
          "drop --rows"),
         ((None, None), "time", None, False,
          "--over needs dimension names, and X has none (Zarr v3 dimension_names or xarray's "
-         "_ARRAY_DIMENSIONS); use --rows/--transpose-a/--transpose-b instead"),
+         "_ARRAY_DIMENSIONS); use --rows instead"),
         (TLL, "lat", None, False,
          "--over lat: X is (time, lat, lon), and the summed dimensions must be the first or the "
          "last ones in its stored order"),
@@ -217,16 +216,6 @@ def named(path: Path, data: Any, chunks: tuple[int, ...], names: Names | None) -
     """A Zarr v3 array with ``dimension_names`` (None: unnamed)."""
     zarr.create_array(str(path), data=data, chunks=chunks, dimension_names=names)
     return str(path)
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> CompletedProcess[str]:
-    """``python -m pipeline argv`` in this process (refused before any cluster starts)."""
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return CompletedProcess(argv, code, out, err)
 
 
 @pytest.fixture

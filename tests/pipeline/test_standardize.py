@@ -11,7 +11,6 @@ import math
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
-from subprocess import CompletedProcess
 from typing import Any
 
 import numpy as np
@@ -20,11 +19,10 @@ import zarr
 from distributed import Client, LocalCluster
 
 from pipeline import gram, verify_product
-from pipeline.cli.main import main
 from pipeline.errors import PipelineError
 from pipeline.plan.fitted_costs import COSTS
 from pipeline.plan.standardize import MEAN_KEY, Standardize
-from tests.helpers import run_cli, write_array
+from tests.helpers import run_cli, run_main, write_array
 from tests.pipeline.test_cli_refusals import FAST_CLUSTER, error_line, tree_digest
 
 
@@ -368,16 +366,6 @@ REFUSALS = [
     ("center-nan", ["gram", "holed", "--center"], "(the first in column 2); --center", False),
     ("scale-nan", ["gram", "holed", "--rows", "--scale"], "(the first in row 6); --scale", False),
 ]  # fmt: skip
-
-
-def run_main(argv: list[str], capsys: pytest.CaptureFixture[str]) -> CompletedProcess[str]:
-    """``python -m pipeline argv`` in this process (no cluster is started for these)."""
-    try:
-        code = main(argv)
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return CompletedProcess(argv, code, out, err)
 
 
 @pytest.mark.parametrize(
