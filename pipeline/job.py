@@ -326,20 +326,22 @@ class MatmulJob:
         )
 
     def _factors(self) -> dict[str, Any] | None:
-        """--alpha, --beta and --accumulate, or a Gram product's standardization, for the
-        fingerprint (None: a plain product's)."""
+        """--alpha, --beta and --accumulate, or a Gram product's standardization, and an N-D
+        field's split, for the fingerprint (None: a plain product's)."""
         opts = self.options
         std = opts.standardize
+        # a field read another way may be a product of the same shape: its split tells them apart
+        fields = {"splits": list(self.store.splits)} if any(self.store.splits) else {}
         if std is not None:
             found: list[Any] = [std.mode, std.axis, std.ddof]
             if std.mode == "kinship" and std.form != "standardized":
                 found.append(std.form)  # an older G's fingerprint stays the same
             if std.missing is not None or std.code is not None:
                 found += [std.missing, std.code]
-            return {"standardize": found}
+            return {"standardize": found} | fields
         if not opts.accumulate and opts.alpha == 1:
-            return None
-        return {"alpha": opts.alpha, "beta": opts.beta, "accumulate": opts.accumulate}
+            return fields or None
+        return {"alpha": opts.alpha, "beta": opts.beta, "accumulate": opts.accumulate} | fields
 
     def _read_concurrency(self, staged: bool) -> int:
         """From local files (CPU-bound decoding) 2 chunks at once per read, 1 on the staged GPU

@@ -255,3 +255,21 @@ def test_fit_dimensions_keeps_what_fits_and_renames_what_clashes() -> None:
     assert fit_dimensions(("x", "y"), (4, 5), {"x": 3}) == ("x_2", "y")
     assert fit_dimensions(("x", "x_2"), (4, 4), {"x": 3, "x_2": 9}) == ("x_3", "x_2_2")
     assert fit_dimensions(("x", "y"), (4, 5), {"x": 3, "x_2": 7}) == ("x_3", "y")
+
+
+def test_resume_reading_the_field_another_way_is_refused(tmp_path: Path, client: Client) -> None:
+    """(4, 2, 2): summed over time, G is (lat·lon)²; over lat,lon, time² — both 4x4."""
+    from pipeline import gram
+    from pipeline.errors import UsageError
+
+    t = np.random.default_rng(5).standard_normal((4, 2, 2))
+    url = str(tmp_path / "t.zarr")
+    zarr.create_array(url, data=t, chunks=(2, 1, 2), dimension_names=("time", "lat", "lon"))
+    out = str(tmp_path / "g.zarr")
+    gram(url, out, client=client, over="time")
+    before = zarr.open_array(out, mode="r")[:]
+    with pytest.raises(UsageError, match=r"^resume=True: G .* was started without rows=True"):
+        gram(url, out, client=client, over="lat,lon", resume=True)
+    np.testing.assert_array_equal(zarr.open_array(out, mode="r")[:], before)
+    flat = t.reshape(4, 4)
+    np.testing.assert_allclose(before, flat.T @ flat, rtol=1e-12)
