@@ -276,7 +276,7 @@ def test_requested(
     ("center", "scale", "kinship", "ddof", "match"),
     [
         (True, False, True, None, r"^--kinship centres each variant itself; drop --center"),
-        (False, True, True, None, r"^--kinship standardizes"),
+        (False, True, True, None, r"^--kinship centres"),
         (False, False, False, 1, r"^--ddof sets --center's divisor n − ddof; add --center"),
         (False, False, True, 0, r"^--ddof sets --center's divisor"),
         (True, False, False, -1, r"^--ddof takes a whole number >= 0 .*; got -1$"),
