@@ -147,8 +147,18 @@ def write_lock(out: Path, **fields: Any) -> None:
     (out / "lock.json").write_text(json.dumps({**record, **fields}))
 
 
-def open_fds() -> int:
-    return psutil.Process().num_fds()
+def open_fds(out: Path) -> int:
+    """This process's descriptors on OUT's folder and what is in it (the lock's): a count of
+    all of them would move with the session cluster's sockets, opened and closed meanwhile."""
+    inside = os.path.realpath(out)
+    found = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed since it was listed
+            continue
+        found += target == inside or target.startswith(inside + os.sep)
+    return found
 
 
 def dead_pid() -> int:
@@ -165,7 +175,7 @@ def test_local_lock_names_its_holder_in_a_file_everyone_can_read(
 ) -> None:
     old = os.umask(0o022)
     try:
-        fds, before = open_fds(), time.time()
+        fds, before = open_fds(out), time.time()
         held = lock.acquire(str(out), {})
     finally:
         os.umask(old)
@@ -178,7 +188,7 @@ def test_local_lock_names_its_holder_in_a_file_everyone_can_read(
                        "token": held.token}  # fmt: skip
     assert held.fd is not None and held.still_held()
     held.release()
-    assert not path.exists() and open_fds() == fds, "released: the file and its descriptor"
+    assert not path.exists() and open_fds(out) == fds, "released: the file and its descriptor"
 
 
 def test_second_local_taker_is_refused_naming_the_holder(
@@ -186,11 +196,11 @@ def test_second_local_taker_is_refused_naming_the_holder(
 ) -> None:
     held = lock.acquire(str(out), {})
     started = json.loads((out / "lock.json").read_text())["started"]
-    fds, slept = open_fds(), []
+    fds, slept = open_fds(out), []
     monkeypatch.setattr(lock.time, "sleep", slept.append)
     with pytest.raises(UnsafeOutputError, match=busy(str(out), os.getpid(), HOST, started)):
         lock.acquire(str(out), {})
-    assert open_fds() == fds, "the refused taker closed its descriptor"
+    assert open_fds(out) == fds, "the refused taker closed its descriptor"
     assert slept == [], "a holder that has written its name is named at once"
     assert held.still_held()
     held.release()
@@ -288,11 +298,11 @@ def test_a_lock_that_keeps_changing_hands_gives_up_after_20_tries(
 ) -> None:
     tries = []
     monkeypatch.setattr(lock, "_same_file", lambda fd, path: tries.append(fd) and False)
-    fds = open_fds()
+    fds = open_fds(out)
     with pytest.raises(UnsafeOutputError) as refused:
         lock.acquire(str(out), {})
     assert str(refused.value) == f"OUT ({out}): its lock changed hands 20 times in a row; rerun"
-    assert len(tries) == 20 and open_fds() == fds
+    assert len(tries) == 20 and open_fds(out) == fds
 
 
 def test_file_system_without_flock_falls_back_to_a_lock_file(
@@ -302,14 +312,14 @@ def test_file_system_without_flock_falls_back_to_a_lock_file(
         raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
 
     monkeypatch.setattr(lock.fcntl, "flock", no_locks)
-    fds = open_fds()
+    fds = open_fds(out)
     with caplog.at_level(logging.WARNING, logger="pipeline"):
         held = lock.acquire(str(out), {})
     assert caplog.messages == [
         f"OUT's file system has no file locks ([Errno {errno.ENOLCK}] "
         f"{os.strerror(errno.ENOLCK)}); using a lock file"
     ]
-    assert held.fd is None and open_fds() == fds
+    assert held.fd is None and open_fds(out) == fds
     assert json.loads((out / "lock.json").read_text())["token"] == held.token
     started = json.loads((out / "lock.json").read_text())["started"]
     with pytest.raises(UnsafeOutputError, match=busy(str(out), os.getpid(), HOST, started)):
@@ -325,14 +335,14 @@ def test_lock_error_other_than_no_flock_is_a_usage_error_saying_why(
         raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     monkeypatch.setattr(lock.fcntl, "flock", broken)
-    fds = open_fds()
+    fds = open_fds(out)
     with pytest.raises(UsageError) as refused:
         lock.acquire(str(out), {})
     assert str(refused.value) == (
         f"OUT ({out}) cannot be written here ({os.strerror(errno.EIO)}); choose a location you "
         "can write to"
     )
-    assert open_fds() == fds and not isinstance(refused.value, UnsafeOutputError)
+    assert open_fds(out) == fds and not isinstance(refused.value, UnsafeOutputError)
 
 
 # --- object stores (conditional create; the storage options on every call) -----------------
