@@ -19,6 +19,7 @@ from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.store.chunks.input_store import InputStore
 from pipeline.store.direct import OutStore
 from pipeline.store.door import Door, Made
+from pipeline.store.fields import stored_names
 from pipeline.store.fs import fsspec_options, local_path
 
 log = logging.getLogger("pipeline")
@@ -37,7 +38,7 @@ def enclosing_groups(url: str, storage_options: dict[str, Any]) -> list[GroupInf
     groups = []
     for parent in _parents(url):
         try:
-            with _quiet():
+            with quiet():
                 group = _open_group(parent, storage_options)
         except Exception:  # noqa: BLE001 - not a group (or unreadable): the hierarchy ends
             break
@@ -91,16 +92,14 @@ def dimension_lengths(url: str, storage_options: dict[str, Any]) -> dict[str, in
     if folder is None or not enclosing_groups(url, storage_options):
         return found
     try:
-        with _quiet():
+        with quiet():
             group = _open_group(folder, storage_options, consolidated=False)
             members = itertools.islice(group.arrays(), MAX_SIBLINGS)
             for key, array in members:
-                names = getattr(array.metadata, "dimension_names", None)
-                names = names or dict(array.attrs).get("_ARRAY_DIMENSIONS")
-                if key == name or not isinstance(names, (list, tuple)):
+                if key == name:
                     continue
-                for dim, length in zip(names, array.shape, strict=False):
-                    if isinstance(dim, str):
+                for dim, length in zip(stored_names(array), array.shape, strict=True):
+                    if dim is not None:
                         found.setdefault(dim, int(length))
     except Exception as e:  # noqa: BLE001 - an unreadable sibling: nothing to avoid there
         log.debug("the dimensions of %s's group were not read: %s", url, e)
@@ -120,7 +119,7 @@ def refresh_consolidated(url: str, storage_options: dict[str, Any]) -> list[str]
     for info in enclosing_groups(url, storage_options):
         if not info.consolidated:
             continue
-        with _quiet():
+        with quiet():
             if local_path(info.url) is not None:  # its metadata written through its door
                 group = zarr.open_group(OutStore(info.url, what="OUT's group"), mode="r+")
             else:
@@ -173,7 +172,7 @@ def new_group(url: str, made: list[Made]) -> NewGroup | None:
 
 
 @contextlib.contextmanager
-def _quiet() -> Iterator[None]:
+def quiet() -> Iterator[None]:
     """zarr warns that consolidated metadata is not in the v3 spec yet; xarray writes it."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)

@@ -37,7 +37,7 @@ from pipeline.store.chunks.bounded import bounded, open_input_array, stored_code
 from pipeline.store.chunks.input_store import named
 from pipeline.store.chunks.raw import stored_chunks
 from pipeline.store.chunks.sizes import check_declared
-from pipeline.store.fields import FieldMatrix
+from pipeline.store.fields import FieldMatrix, stored_names
 from pipeline.store.fs import (
     check_protocol,
     check_shared,
@@ -204,13 +204,8 @@ def dimension_names(array: Any) -> tuple[str | None, str | None]:
     its sides' names (stacked ones joined, pipeline.store.fields)."""
     if isinstance(array, FieldMatrix):
         return array.dimension_names
-    names = getattr(array.metadata, "dimension_names", None)
-    if names is None:
-        names = dict(array.attrs).get("_ARRAY_DIMENSIONS")
-    if not isinstance(names, (list, tuple)) or len(names) != 2:
-        return (None, None)
-    first, second = (n if isinstance(n, str) and n else None for n in names)
-    return (first, second)
+    names = stored_names(array)
+    return (names[0], names[1]) if len(names) == 2 else (None, None)
 
 
 def worker_array(url: str, storage_options: dict[str, Any], token: str) -> Any:

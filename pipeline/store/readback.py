@@ -3,10 +3,7 @@ read-only, with the URL and fsspec options the job wrote it with."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import warnings
-from collections.abc import Iterator
 from typing import Any
 
 import zarr
@@ -15,7 +12,7 @@ import zarr.errors
 from pipeline.errors import InputNotFoundError, MissingPackageError, UsageError
 from pipeline.plan.layout import DEFAULT_DIMENSIONS
 from pipeline.store.fs import fsspec_options, local_path
-from pipeline.store.groups import enclosing_groups
+from pipeline.store.groups import enclosing_groups, quiet
 from pipeline.store.inputs import dimension_names
 
 
@@ -54,7 +51,7 @@ def product_xarray(url: str, storage_options: dict[str, Any]) -> Any:
     groups = enclosing_groups(url, storage_options)
     if groups:
         group = groups[0]
-        with _quiet():
+        with quiet():
             dataset = xr.open_zarr(
                 group.url,
                 consolidated=group.consolidated,
@@ -77,11 +74,3 @@ def _basename(url: str) -> str:
     local = local_path(url)
     path = local if local is not None else url.split("://", 1)[-1]
     return os.path.basename(path.rstrip("/"))
-
-
-@contextlib.contextmanager
-def _quiet() -> Iterator[None]:
-    """zarr warns that consolidated metadata is not in the v3 spec yet; xarray writes it."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Consolidated metadata", category=UserWarning)
-        yield
