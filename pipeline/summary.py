@@ -391,3 +391,17 @@ def _finite_part_failed(result: VerifyResult) -> bool:
 
 def _ratio(x: int, y: int) -> str:
     return f"{x / y:.2f}" if y else "n/a"
+
+
+def format_decomposition(result: Any) -> str:
+    """A decomposition's done line: what it wrote, the spectrum's head, the passes."""
+    n, p = result.shape
+    shown = ", ".join(f"{v:.4g}" for v in result.singular_values[:5])
+    more = ", ..." if len(result.singular_values) > 5 else ""
+    ratio = float(np.nansum(result.explained_variance_ratio))
+    return (
+        f"done: {result.kind} of {n}x{p}, {result.components} component(s) in "
+        f"{result.seconds:.2f} s; singular values {shown}{more}; explained variance "
+        f"{ratio:.1%}; {result.x_passes} pass(es) over X, steps run {result.steps_run}, "
+        f"kept {result.steps_skipped}"
+    )

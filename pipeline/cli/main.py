@@ -45,6 +45,8 @@ INTERRUPTED = {
     "multiply": "the tiles written so far are kept: rerun the same command with --resume to "
     "finish OUT",
     "gram": "the tiles written so far are kept: rerun the same command with --resume to finish G",
+    "pca": "the finished passes are kept: rerun the same command with --resume to finish OUT",
+    "svd": "the finished passes are kept: rerun the same command with --resume to finish OUT",
     "verify": "nothing was changed: rerun the same command to check C",
     "random": "OUT is incomplete: rerun the same command with --overwrite",
     "doctor": "nothing was changed: rerun the same command",
@@ -207,6 +209,29 @@ def _run_job(job: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def run_decomposition(args: argparse.Namespace) -> int:
+    """pca and svd: the plan (--dry-run), or the run and a done line."""
+    from pipeline.decompose import prepare_decomposition
+    from pipeline.summary import format_decomposition
+
+    job = prepare_decomposition(
+        args.command, args.x, args.out, components=args.components,
+        oversample=args.oversample, power_iterations=args.power_iterations, seed=args.seed,
+        scale=getattr(args, "scale", False), rows=args.rows, over=args.over,
+        overwrite=args.overwrite, resume=args.resume, storage_options=args.storage_options,
+        cluster=_spec(args, probe_dashboard=not args.dry_run),
+        backend=args.backend, memory_limit=args.memory_limit,
+        device_memory_limit=args.device_memory_limit, device_class=args.device_class,
+        storage_gbps=args.storage_gbps,
+        progress=not args.no_progress and sys.stderr.isatty(),
+    )  # fmt: skip
+    if args.dry_run:
+        print(redact_url(job.describe()))
+        return 0
+    print(redact_url(format_decomposition(job.execute())))
+    return 0
+
+
 def run_verify(args: argparse.Namespace) -> int:
     from cluster.lifecycle import start
     from cluster.scratch_dirs import check_scratch_dirs
@@ -260,6 +285,8 @@ def run_doctor(args: argparse.Namespace) -> int:
 COMMANDS = {
     "multiply": run_multiply,
     "gram": run_gram,
+    "pca": run_decomposition,
+    "svd": run_decomposition,
     "verify": run_verify,
     "random": run_random,
     "doctor": run_doctor,

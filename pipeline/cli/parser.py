@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     gram.add_argument("--rows", action="store_true", help="G = X Xᵀ (rows by rows)")
     _product_args(gram, GRAM)
 
+    for kind, what in (
+        ("pca", "principal components of X (randomized, centred; --scale: correlation PCA)"),
+        ("svd", "truncated SVD of X as it is (randomized, uncentred)"),
+    ):
+        _decomposition_args(sub.add_parser(kind, help=what, parents=[common]), kind)
+
     ver = sub.add_parser(
         "verify",
         help="exit 0 if C == A @ B within floating-point tolerance (`verify X G`: G a Gram "
@@ -142,6 +148,55 @@ def _product_args(p: argparse.ArgumentParser, command: str) -> None:
         action="store_true",
         help="no progress line (tiles, K panels, GFLOP/s, bytes read, ETA)",
     )
+
+
+def _decomposition_args(p: argparse.ArgumentParser, kind: str) -> None:
+    """pca's and svd's arguments: the decomposition's own, then the product passes' cluster,
+    memory and storage options."""
+    p.add_argument("x", metavar="X", help="path or fsspec URL of a 2-D Zarr array")
+    p.add_argument("out", metavar="OUT", help="where to write the result (a Zarr group)")
+    p.add_argument(
+        "--components", "-k", required=True, type=positive_int, metavar="K",
+        help="how many components (at most the smaller side of X)",
+    )  # fmt: skip
+    p.add_argument(
+        "--oversample", type=nonnegative_int, metavar="P",
+        help="extra sketch columns for accuracy (default 10, as scikit-learn)",
+    )  # fmt: skip
+    p.add_argument(
+        "--power-iterations", type=nonnegative_int, metavar="Q",
+        help="power iterations, two passes over X each (default as scikit-learn: 7 when K is "
+        "under a tenth of X's smaller side, else 4)",
+    )  # fmt: skip
+    p.add_argument("--seed", type=seed, default=0, help="seed of the random sketch (default 0)")
+    if kind == "pca":
+        p.add_argument(
+            "--scale", action="store_true",
+            help="each variable to unit variance (scikit-learn's StandardScaler) before the PCA",
+        )  # fmt: skip
+    p.add_argument(
+        "--rows", action="store_true",
+        help="X's rows are the variables (X is variables x observations, e.g. variants x samples)",
+    )  # fmt: skip
+    p.add_argument(
+        "--over", metavar="DIM",
+        help="the observations' dimension by name (the one a covariance sums over): the "
+        "other one's entries are the variables",
+    )  # fmt: skip
+    exclusive = p.add_mutually_exclusive_group()
+    exclusive.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    exclusive.add_argument(
+        "--resume", action="store_true", help="finish an interrupted run (finished passes kept)"
+    )
+    for name in ("backend", "device_class", "storage_gbps"):
+        _add_option(p, declared(name))
+    _local_cluster_args(p)
+    for name in ("memory_limit", "device_memory_limit"):
+        _add_option(p, declared(name))
+    _dashboard_arg(p)
+    _storage_args(p)
+    _dry_run_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
 
 
 def _add_option(p: argparse._ActionsContainer, option: Option) -> None:
@@ -383,6 +438,17 @@ def positive_int(text: str) -> int:
         value = 0
     if value < 1:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
+def nonnegative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 0")
     return value
 
 

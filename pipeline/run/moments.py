@@ -66,25 +66,32 @@ def measure(
 ) -> Standardize:
     """``std`` with X's shifts and scales, from one pass over X on the cluster (``split``: an
     N-D field read as a matrix, pipeline.store.fields)."""
+    log.info("measuring the %s of %s (one pass over it)", std.measures, name)
+    return measured(std, gather(client, url, options, std.axis, std.code, name, split), name)
+
+
+def gather(
+    client: Client,
+    url: str,
+    options: dict[str, Any],
+    axis: int,
+    code: float | None = None,
+    name: str = "X",
+    split: int | None = None,
+) -> Moments:
+    """The moments of each variable of X (``axis`` 1: its columns; 0: its rows), from one
+    pass over it on the cluster."""
     x = as_matrix(inputs.open_input(url, options, name), split)
     shape = (int(x.shape[0]), int(x.shape[1]))
     chunks = (int(x.chunks[0]), int(x.chunks[1]))
-    log.info("measuring the %s of %s (one pass over it)", std.measures, name)
     run = uuid.uuid4().hex[:8]
     merged = []
-    for b, band in enumerate(blocks(shape, chunks, std.axis)):
+    for b, band in enumerate(blocks(shape, chunks, axis)):
         parts = [
             client.submit(
-                block_task,
-                url,
-                options,
-                name,
-                at,
-                std.axis,
-                std.code,
-                split,
+                block_task, url, options, name, at, axis, code, split,
                 key=f"moments-{run}-{b}-{i}",
-            )
+            )  # fmt: skip
             for i, at in enumerate(band)
         ]
         while len(parts) > 1:  # a tree in a fixed order: the same sums on any cluster
@@ -93,8 +100,7 @@ def measure(
             parts = merged_pairs + ([parts[-1]] if len(parts) % 2 else [])
         merged.append(parts[0])
     found = client.gather(merged)
-    total = found[0] if len(found) == 1 else _concatenate(found)
-    return measured(std, total, name)
+    return found[0] if len(found) == 1 else _concatenate(found)
 
 
 def _concatenate(bands: list[Moments]) -> Moments:
