@@ -8,6 +8,7 @@
     print(job)  # the plan; nothing started or written yet
     result = job.execute()  # job.execute(client) runs it on a cluster of yours
     g = pipeline.gram("x.zarr", "g.zarr")  # G = Xᵀ·X at about half the work
+    pcs = pipeline.pca("x.zarr", "pcs.zarr", components=10)  # pcs.to_xarray()
     help(pipeline.multiply)  # every keyword option and its default
 
 Errors are ``pipeline.PipelineError`` subclasses that also inherit the builtin a caller
@@ -26,14 +27,19 @@ from types import ModuleType
 from typing import Any
 
 _EXPORTS = {
+    "DecompositionJob": "pipeline.decompose",
+    "DecompositionResult": "pipeline.decompose",
     "MatmulJob": "pipeline.job",
     "MultiplyResult": "pipeline.job",
     "PipelineError": "pipeline.errors",
     "VerifyResult": "pipeline.verify.check",
     "gram": "pipeline.gramian",
     "multiply": "pipeline.api",
+    "pca": "pipeline.decompose",
+    "prepare_decomposition": "pipeline.decompose",
     "prepare": "pipeline.api",
     "prepare_gram": "pipeline.gramian",
+    "svd": "pipeline.decompose",
     "verify_product": "pipeline.api",
 }
 __all__ = sorted(_EXPORTS)
