@@ -60,7 +60,9 @@ class DecompositionResult:
     x_passes: int
     """Passes over X this run made (a resume's finished ones not counted)."""
     url: str = ""
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, metadata=SENSITIVE_FIELD)
+    storage_options: dict[str, Any] = field(
+        default_factory=dict, repr=False, metadata=SENSITIVE_FIELD
+    )
 
     def open(self) -> Any:
         """OUT as a read-only ``zarr.Group``."""
@@ -111,7 +113,9 @@ class DecompositionJob:
     product_plan: str = ""
     product_seconds: float | None = None
     operands: Any = field(default=None, repr=False, compare=False)
-    storage_options: dict[str, Any] = field(default_factory=dict, repr=False, metadata=SENSITIVE_FIELD)
+    storage_options: dict[str, Any] = field(
+        default_factory=dict, repr=False, metadata=SENSITIVE_FIELD
+    )
 
     __repr__ = redacted_repr
 
@@ -199,7 +203,8 @@ class _Runner:
 
     @property
     def done(self) -> dict[str, Any]:
-        return self.record["done"]
+        found: dict[str, Any] = self.record["done"]
+        return found
 
     def _finished(self, step: Step, result: dict[str, Any]) -> None:
         self.done[step.name] = result
@@ -217,7 +222,9 @@ class _Runner:
 
     # -- helpers
     def _where(self, name: str) -> Where:
-        return Where(self.out.passes(name) if name not in RESULT_ARRAYS else self.out.at(name), self.opts)
+        return Where(
+            self.out.passes(name) if name not in RESULT_ARRAYS else self.out.at(name), self.opts
+        )
 
     def _length(self, side: str) -> int:
         n, p = self.job.shape
@@ -244,7 +251,14 @@ class _Runner:
             self.record["arrays"].append(name)
             self.out.save(self.record)
 
-    def _create(self, name: str, shape: tuple[int, ...], chunks: tuple[int, ...], dtype: str, dims: tuple[str, ...]) -> None:
+    def _create(
+        self,
+        name: str,
+        shape: tuple[int, ...],
+        chunks: tuple[int, ...],
+        dtype: str,
+        dims: tuple[str, ...],
+    ) -> None:
         where = name if name in RESULT_ARRAYS else f"{PASSES}/{name}"
         if name in RESULT_ARRAYS:
             self._add_array(name)
@@ -255,7 +269,8 @@ class _Runner:
             self.client.submit(fn, *args(item), key=f"{key}-{i}", pure=False)
             for i, item in enumerate(items)
         ]
-        return self.client.gather(futures)
+        found: list[Any] = self.client.gather(futures)
+        return found
 
     # -- steps
     def _moments(self, step: Step) -> None:
@@ -285,7 +300,13 @@ class _Runner:
 
     def _sketch(self, step: Step) -> None:
         req = self.job.request
-        self._create("omega", (self._length("p"), req.width), (self._chunk("p"), req.width), "float64", ("p", "l"))
+        self._create(
+            "omega",
+            (self._length("p"), req.width),
+            (self._chunk("p"), req.width),
+            "float64",
+            ("p", "l"),
+        )
         fix = self._fix("p", None)
         target = self._where("omega")
         sums = self._map(
@@ -319,7 +340,13 @@ class _Runner:
         req, side = self.job.request, step.side
         fix = self._fix(side, self._correction(step.source, side))
         src, _, blocks_, parts = self._tsqr(step.source, side, fix)
-        self._create(step.target, (self._length(side), req.width), (self._chunk(side), req.width), "float64", (side, "l"))
+        self._create(
+            step.target,
+            (self._length(side), req.width),
+            (self._chunk(side), req.width),
+            "float64",
+            (side, "l"),
+        )
         target = self._where(step.target)
         items = list(zip(parts, blocks_, strict=True))
         found = self._map(
@@ -342,7 +369,9 @@ class _Runner:
         made_by = next(s for s in steps if s.target == operand)
         return self.done[made_by.name]["sums"]
 
-    def _tsqr(self, source: str, side: str, fix: Fix) -> tuple[Where, Any, list[Any], list[tuple[int, int]]]:
+    def _tsqr(
+        self, source: str, side: str, fix: Fix
+    ) -> tuple[Where, Any, list[Any], list[tuple[int, int]]]:
         src = self._where(source)
         parts = self._bands(side)
         rs = self._map(
@@ -371,10 +400,10 @@ class _Runner:
         obs, var = job.names
         dtype = job.output_dtype
         self._create("components", (k, p), (k, self._chunk("p")), dtype, (COMPONENT, var))
-        comp = self._where("components")
+        write = Apply(np.zeros(0), post=ua, target=self._where("components"), transposed=True)
         self._map(
             bands.apply_task,
-            lambda item: (src, item[0], fix, Apply(item[1], post=ua, target=comp, transposed=True, signs=signs)),
+            lambda item: (src, item[0], fix, replace(write, block=item[1], signs=signs)),
             key=f"components-{self.run_id}", items=items,
         )  # fmt: skip
         self._create("scores", (n, k), (self._chunk("n"), k), dtype, (obs, COMPONENT))
@@ -426,7 +455,14 @@ def _connect(client: Client | None, job: DecompositionJob) -> Iterator[Client]:
         yield c
 
 
-PRODUCT_KEYS = ("backend", "memory_limit", "device_memory_limit", "progress", "device_class", "storage_gbps")
+PRODUCT_KEYS = (
+    "backend",
+    "memory_limit",
+    "device_memory_limit",
+    "progress",
+    "device_class",
+    "storage_gbps",
+)
 
 
 def prepare_decomposition(
@@ -457,9 +493,41 @@ def prepare_decomposition(
     in_memory.refuse_as_out(out)
     (x,), copies = in_memory.stage((x,), ("X",))
     if copies is None:
-        return _prepare(kind, x, out, components, oversample, power_iterations, seed, scale, rows, over, overwrite, resume, storage_options, cluster, product)
+        return _prepare(
+            kind,
+            x,
+            out,
+            components,
+            oversample,
+            power_iterations,
+            seed,
+            scale,
+            rows,
+            over,
+            overwrite,
+            resume,
+            storage_options,
+            cluster,
+            product,
+        )
     with copies.removed_on_error():
-        job = _prepare(kind, x, out, components, oversample, power_iterations, seed, scale, rows, over, overwrite, resume, storage_options, cluster, product)
+        job = _prepare(
+            kind,
+            x,
+            out,
+            components,
+            oversample,
+            power_iterations,
+            seed,
+            scale,
+            rows,
+            over,
+            overwrite,
+            resume,
+            storage_options,
+            cluster,
+            product,
+        )
         return replace(job, operands=copies)
 
 
@@ -486,7 +554,8 @@ def _prepare(
         )
     check_finished(array, "X", x_url)
     inputs.check_encoding(array, "X", x_url)
-    names = stored_names(array)
+    first_name, second_name = stored_names(array)[:2]
+    names = (first_name, second_name)
     rows = _orientation(names, rows, over)
     req = plan.request(
         kind, tuple(array.shape), str(array.dtype), components, oversample, power_iterations,
@@ -543,7 +612,9 @@ def _planned(job: DecompositionJob, x_spec: ArraySpec) -> DecompositionJob:
     transposed = (req.rows, False)
     a, b = operands(x_spec, sketch, transposed)
     product = plan_for(a, b, options, None, None, backend, transposed=transposed, symmetric=False)
-    return replace(job, product_plan=format_plan(product, ()), product_seconds=product.estimated_seconds)
+    return replace(
+        job, product_plan=format_plan(product, ()), product_seconds=product.estimated_seconds
+    )
 
 
 def _orientation(names: tuple[str | None, str | None], rows: bool, over: str | None) -> bool:
@@ -566,15 +637,26 @@ def _orientation(names: tuple[str | None, str | None], rows: bool, over: str | N
     return found
 
 
-def pca(x: Any, out: Any, *, components: int, client: Client | None = None, **options: Any) -> DecompositionResult:
+def pca(
+    x: Any, out: Any, *, components: int, client: Client | None = None, **options: Any
+) -> DecompositionResult:
     """Principal components of X (observations x variables; ``rows=True``: variables x
     observations) into the Zarr group ``out``; see the README."""
     return prepare_decomposition("pca", x, out, components=components, **options).execute(client)
 
 
-def svd(x: Any, out: Any, *, components: int, client: Client | None = None, **options: Any) -> DecompositionResult:
+def svd(
+    x: Any, out: Any, *, components: int, client: Client | None = None, **options: Any
+) -> DecompositionResult:
     """Truncated SVD of X as it is (uncentred) into the Zarr group ``out``; see the README."""
     return prepare_decomposition("svd", x, out, components=components, **options).execute(client)
 
 
-__all__ = ["DecompositionJob", "DecompositionResult", "InputError", "pca", "prepare_decomposition", "svd"]
+__all__ = [
+    "DecompositionJob",
+    "DecompositionResult",
+    "InputError",
+    "pca",
+    "prepare_decomposition",
+    "svd",
+]

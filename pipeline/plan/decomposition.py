@@ -9,7 +9,6 @@ standardized implicitly: M_s = (M − 1μᵀ) F, with F = diag(f). Nothing rewri
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +99,12 @@ def request(
             f"variables), so at most {smaller} components; pass --components {smaller} or fewer"
         )
     kind_of = np.dtype(dtype)
-    if kind_of.kind not in "fiub" or kind_of.itemsize > 8 or kind_of.kind == "f" and kind_of.itemsize > 8:
+    if (
+        kind_of.kind not in "fiub"
+        or kind_of.itemsize > 8
+        or kind_of.kind == "f"
+        and kind_of.itemsize > 8
+    ):
         raise UsageError(f"{kind} takes real numbers (floats, integers, bool); X is {dtype}")
     if kind_of.kind in "iu" and kind_of.name not in EXACT_INTEGERS:
         raise UsageError(
@@ -139,7 +143,10 @@ def steps(req: Request) -> tuple[Step, ...]:
     """Moments, Ω, then Y = M_s Ω, Q = orth(Y), (W = orth(M_sᵀ Q), Q = orth(M_s W)) x q,
     Bᵀ = M_sᵀ Q, and the SVD of B with the components and scores written."""
     found = [Step("moments", "moments"), Step("sketch", "sketch", "p", "", "omega")]
-    found += [Step("y0", "product", "n", "omega", "y0"), Step("q0", "orthonormalize", "n", "y0", "q0")]
+    found += [
+        Step("y0", "product", "n", "omega", "y0"),
+        Step("q0", "orthonormalize", "n", "y0", "q0"),
+    ]
     q = "q0"
     for i in range(1, req.power_iterations + 1):
         found += [
@@ -169,7 +176,9 @@ def bands(length: int, rows: int) -> list[tuple[int, int]]:
     return [(r0, min(r0 + rows, length)) for r0 in range(0, length, max(rows, 1))]
 
 
-def stacked_r(parts: list[NDArray[np.float64]], width: int) -> tuple[NDArray[np.float64], list[NDArray[np.float64]]]:
+def stacked_r(
+    parts: list[NDArray[np.float64]], width: int
+) -> tuple[NDArray[np.float64], list[NDArray[np.float64]]]:
     """TSQR's second level: the R factors of the bands stacked and factored again. Returns R
     and each band's block of the second Q (Q_band = Q_i @ block_i)."""
     stacked = np.concatenate([r.reshape(-1, width) for r in parts], axis=0)
@@ -246,17 +255,35 @@ def describe(req: Request, sizes: Sizes, product_lines: list[str], seconds: floa
     """The dry run's table: the request, the passes, the bytes, the product pass's plan."""
     reads = x_passes(req)
     rows = [
-        ("decomposition", f"{req.kind} of {sizes.n} x {sizes.p} (observations x variables), "
-         f"K = {req.components}, l = K + P = {req.width}, q = {req.power_iterations}"),
-        ("passes over X", f"{reads} (moments, then 2q + 2 = {reads - 1} products), "
-         f"{format_bytes(reads * sizes.x_bytes)} read"),
-        ("between passes", f"each sketch orthonormalized by TSQR in bands ({format_bytes(8 * sizes.width * max(sizes.n, sizes.p))} "
-         "per array); the small SVD in memory"),
-        ("OUT", f"{format_bytes(sizes.scratch_bytes())} of passes at most (removed at the end), "
-         "then components, scores and the spectra"),
+        (
+            "decomposition",
+            f"{req.kind} of {sizes.n} x {sizes.p} (observations x variables), "
+            f"K = {req.components}, l = K + P = {req.width}, q = {req.power_iterations}",
+        ),
+        (
+            "passes over X",
+            f"{reads} (moments, then 2q + 2 = {reads - 1} products), "
+            f"{format_bytes(reads * sizes.x_bytes)} read",
+        ),
+        (
+            "between passes",
+            "each sketch orthonormalized by TSQR in bands (at most "
+            f"{format_bytes(8 * sizes.width * max(sizes.n, sizes.p))} per array); the small "
+            "SVD in memory",
+        ),
+        (
+            "OUT",
+            f"{format_bytes(sizes.scratch_bytes())} of passes at most (removed at the end), "
+            "then components, scores and the spectra",
+        ),
     ]
     if seconds is not None:
-        rows.append(("time", f"about {seconds:.1f} s modelled ({reads - 1} product passes as planned below)"))
+        rows.append(
+            (
+                "time",
+                f"about {seconds:.1f} s modelled ({reads - 1} product passes as planned below)",
+            )
+        )
     width = max(len(k) for k, _ in rows)
     text = "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
     if product_lines:
@@ -279,7 +306,3 @@ def check_finite(nonfinite: int, absent: int, x_name: str = "X") -> None:
             "first (e.g. xarray's fillna or dropna), or compute a covariance with "
             "`gram X G --center --missing impute` instead"
         )
-
-
-def isqrt_ratio(a: float, b: float) -> float:
-    return math.sqrt(a / b) if b > 0 else 0.0

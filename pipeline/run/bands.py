@@ -34,7 +34,9 @@ class Where:
     options: dict[str, Any]
 
 
-def _vector(url: str | None, options: dict[str, Any], rows: tuple[int, int]) -> NDArray[np.float64] | None:
+def _vector(
+    url: str | None, options: dict[str, Any], rows: tuple[int, int]
+) -> NDArray[np.float64] | None:
     if url is None:
         return None
     return np.asarray(open_array(url, options)[rows[0] : rows[1]], dtype=np.float64)
@@ -60,10 +62,12 @@ def fixed(src: Where, rows: tuple[int, int], fix: Fix) -> NDArray[np.float64]:
 
 def r_task(src: Where, rows: tuple[int, int], fix: Fix) -> NDArray[np.float64]:
     """TSQR's first level: the R factor of one band."""
-    return np.linalg.qr(fixed(src, rows, fix), mode="r")
+    return np.asarray(np.linalg.qr(fixed(src, rows, fix), mode="r"), dtype=np.float64)
 
 
-def weights(fix: Fix, options: dict[str, Any], rows: tuple[int, int], length: int) -> NDArray[np.float64]:
+def weights(
+    fix: Fix, options: dict[str, Any], rows: tuple[int, int], length: int
+) -> NDArray[np.float64]:
     """Per row: what a band's column sums are weighted by (1 on the observations' side; μ ⊙ f
     on the variables', 0 when nothing is centred)."""
     if fix.side == "n":
@@ -123,7 +127,8 @@ def sketch_task(
     omega = rng.standard_normal((rows[1] - rows[0], width))
     factor = _vector(fix.factor_url, target.options, rows)
     _write(target, rows, omega if factor is None else omega * factor[:, None])
-    return weights(fix, target.options, rows, len(omega)) @ omega
+    sums: NDArray[np.float64] = weights(fix, target.options, rows, len(omega)) @ omega
+    return sums
 
 
 def project_task(
@@ -134,10 +139,13 @@ def project_task(
     band = np.asarray(open_array(src.url, src.options)[rows[0] : rows[1]], dtype=np.float64)
     out = band @ matrix
     _write(target, rows, out)
-    return out.sum(axis=0)
+    sums: NDArray[np.float64] = out.sum(axis=0)
+    return sums
 
 
-def _write(target: Where, rows: tuple[int, int], values: NDArray[Any], transposed: bool = False) -> None:
+def _write(
+    target: Where, rows: tuple[int, int], values: NDArray[Any], transposed: bool = False
+) -> None:
     array = open_array(target.url, target.options, "r+")
     if transposed:
         array[:, rows[0] : rows[1]] = values.T.astype(array.dtype)
@@ -150,4 +158,4 @@ def _peaks(values: NDArray[np.float64]) -> NDArray[np.float64]:
     if values.shape[0] == 0:
         return np.zeros(values.shape[1])
     at = np.abs(values).argmax(axis=0)
-    return values[at, np.arange(values.shape[1])]
+    return np.asarray(values[at, np.arange(values.shape[1])], dtype=np.float64)

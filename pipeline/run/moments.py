@@ -89,7 +89,14 @@ def gather(
     for b, band in enumerate(blocks(shape, chunks, axis)):
         parts = [
             client.submit(
-                block_task, url, options, name, at, axis, code, split,
+                block_task,
+                url,
+                options,
+                name,
+                at,
+                axis,
+                code,
+                split,
                 key=f"moments-{run}-{b}-{i}",
             )  # fmt: skip
             for i, at in enumerate(band)
