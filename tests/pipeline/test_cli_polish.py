@@ -69,7 +69,7 @@ def test_debug_is_accepted_before_or_after_the_command(argv: list[str], debug: b
         (  # a misspelled command
             ["multipy", "a", "b", "c"],
             "error: argument command: invalid choice: 'multipy' (choose from 'multiply', "
-            "'gram', 'verify', 'doctor', 'random'); did you mean 'multiply'? "
+            "'gram', 'pca', 'svd', 'verify', 'doctor', 'random'); did you mean 'multiply'? "
             "(see `python -m pipeline --help`)",
         ),
     ],
