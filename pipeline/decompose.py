@@ -181,7 +181,9 @@ class DecompositionJob:
         fresh = {
             "kind": self.request.kind, "fingerprint": self.fingerprint(), "complete": False,
             "x": self.x_url, "request": self.request.words(), "arrays": [], "done": {},
-            "shape": list(self.shape),
+            "shape": list(self.shape), "rows": self.request.rows,
+            "components": self.request.components, "width": self.request.width,
+            "power_iterations": self.request.power_iterations,
         }  # fmt: skip
         if now is not None and self.resume and now.get("fingerprint") == fresh["fingerprint"]:
             return now
@@ -389,7 +391,7 @@ class _Runner:
         k = req.components
         fix = self._fix("p", self._correction(step.source, "p"))
         src, r, blocks_, parts = self._tsqr(step.source, "p", fix)
-        ua, s, va = plan.small_svd(r, k)
+        ua, s, va, sketched = plan.small_svd(r, k)
         items = list(zip(parts, blocks_, strict=True))
         key = f"peaks-{self.run_id}"
         found = self._map(
@@ -422,7 +424,13 @@ class _Runner:
         ):  # fmt: skip
             self._create(name, (k,), (k,), "float64", (COMPONENT,))
             _put(self.out.at(name), self.opts, values)
-        self._finished(step, {"singular_values": s.tolist(), "ratio": ratio.tolist()})
+        self._finished(
+            step,
+            {
+                "singular_values": s.tolist(), "ratio": ratio.tolist(),
+                "sketch_singular_values": sketched.tolist(),
+            },
+        )  # fmt: skip
 
 
 def _put(url: str, options: dict[str, Any], values: Any) -> None:

@@ -405,3 +405,15 @@ def format_decomposition(result: Any) -> str:
         f"{ratio:.1%}; {result.x_passes} pass(es) over X, steps run {result.steps_run}, "
         f"kept {result.steps_skipped}"
     )
+
+
+def format_decomposition_check(check: Any) -> str:
+    """verify's line for a decomposition: each check's worst value against its tolerance."""
+    status = "ok" if check.passed else "FAILED"
+    line = (
+        f"verify {status}: {check.kind}: components orthonormal to {check.orthonormality:.2g} "
+        f"(tolerance {check.orthonormality_tolerance:.2g}); scores orthogonal with the singular "
+        f"values as norms to {check.norms:.2g} of the tolerance; residual on {check.sampled} "
+        f"sampled observation(s) {check.residual:.3g} (tolerance {check.residual_tolerance:.3g})"
+    )
+    return line + (f"; {check.nonfinite} non-finite element(s)" if check.nonfinite else "")

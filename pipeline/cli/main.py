@@ -237,9 +237,12 @@ def run_verify(args: argparse.Namespace) -> int:
     from cluster.scratch_dirs import check_scratch_dirs
     from pipeline.summary import format_verify, format_verify_error
     from pipeline.verify.check import check_shapes, verify_product
+    from pipeline.verify.decomposition import is_decomposition
     from pipeline.verify.symmetry import gram_operands
 
     options = args.storage_options
+    if args.c is None and is_decomposition(args.b, options):  # `verify X OUT` of pca or svd
+        return _verify_decomposition(args)
     if args.c is None:  # `verify X G`: a Gram product's, as G records it
         args.a, args.b, args.c = gram_operands(args.a, args.b, options)
     given = (args.transpose_a, args.transpose_b)
@@ -264,6 +267,25 @@ def run_verify(args: argparse.Namespace) -> int:
     print(redact_url(format_verify(result)))
     if not result.passed:
         print(f"error: {redact_url(format_verify_error(result))}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _verify_decomposition(args: argparse.Namespace) -> int:
+    from cluster.lifecycle import start
+    from pipeline.summary import format_decomposition_check
+    from pipeline.verify.decomposition import verify_decomposition
+
+    with start(_spec(args), args.memory_limit) as client:
+        warn_if_exposed(client, args.storage_options)
+        result = verify_decomposition(client, args.a, args.b, args.storage_options, args.seed)
+    print(redact_url(format_decomposition_check(result)))
+    if not result.passed:
+        print(
+            f"error: verification failed: OUT is not a {result.kind} of X within the tolerances "
+            "above; recompute it with --overwrite",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

@@ -9,6 +9,7 @@ standardized implicitly: M_s = (M − 1μᵀ) F, with F = diag(f). Nothing rewri
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -194,9 +195,9 @@ def stacked_r(
 
 def small_svd(r: NDArray[np.float64], components: int) -> tuple[NDArray[np.float64], ...]:
     """B's SVD from Bᵀ = Q_B R: R = Ua S Vaᵀ, so B = Va S (Q_B Ua)ᵀ. Returns (Ua, S, Va) cut
-    to K."""
+    to K, and all l singular values of B (verify's bound on what the sketch missed)."""
     ua, s, vat = np.linalg.svd(r)
-    return ua[:, :components], s[:components], vat.T[:, :components]
+    return ua[:, :components], s[:components], vat.T[:, :components], s
 
 
 def flip_signs(peaks: list[NDArray[np.float64]]) -> NDArray[np.float64]:
@@ -306,3 +307,16 @@ def check_finite(nonfinite: int, absent: int, x_name: str = "X") -> None:
             "first (e.g. xarray's fillna or dropna), or compute a covariance with "
             "`gram X G --center --missing impute` instead"
         )
+
+
+def missed_factor(req_width: int, components: int, iterations: int, smaller: int) -> float:
+    """How far past σ_(K+1) the sketch's spectral error may go: the bracket of Halko, Martinsson
+    & Tropp (2011, corollary 10.10) to the power 1 / (2q + 1), for ‖(I − QQᵀ) M_s‖ <=
+    factor · σ_(K+1) in expectation (with oversampling P >= 2)."""
+    p = max(req_width - components, 2)
+    bracket = (
+        1
+        + math.sqrt(components / (p - 1))
+        + math.e * math.sqrt(req_width) / p * math.sqrt(max(smaller - components, 1))
+    )
+    return float(bracket ** (1 / (2 * iterations + 1)))
