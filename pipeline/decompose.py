@@ -148,7 +148,9 @@ class DecompositionJob:
 
     @property
     def output_dtype(self) -> str:
-        """Components and scores: float32 for float32 (or narrower float) X, else float64."""
+        """Components, scores and the passes' sketches: float32 for float32 (or narrower
+        float) X, whose products then run at its own precision as scikit-learn's do (and at
+        the speed of reading it: no float64 copy of each panel); else float64."""
         dt = np.dtype(self.x_dtype)
         return "float32" if dt.kind == "f" and dt.itemsize <= 4 else "float64"
 
@@ -306,7 +308,7 @@ class _Runner:
             "omega",
             (self._length("p"), req.width),
             (self._chunk("p"), req.width),
-            "float64",
+            self.job.output_dtype,
             ("p", "l"),
         )
         fix = self._fix("p", None)
@@ -346,7 +348,7 @@ class _Runner:
             step.target,
             (self._length(side), req.width),
             (self._chunk(side), req.width),
-            "float64",
+            self.job.output_dtype,
             (side, "l"),
         )
         target = self._where(step.target)
@@ -605,7 +607,7 @@ def _planned(job: DecompositionJob, x_spec: ArraySpec) -> DecompositionJob:
 
     req = job.request
     n, p = job.shape
-    sketch = ArraySpec((p, req.width), (job.chunks[1], req.width), "float64")
+    sketch = ArraySpec((p, req.width), (job.chunks[1], req.width), job.output_dtype)
     options = JobOptions(
         backend=job.product.get("backend", "auto"),
         memory_limit=job.product.get("memory_limit"),
