@@ -25,8 +25,8 @@ from pipeline.plan.spec import ArraySpec
 from pipeline.run import bands, moments
 from pipeline.run.bands import Apply, Fix, Where
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
-from pipeline.store import in_memory, inputs
-from pipeline.store.decomposition import PASSES, Decomposition
+from pipeline.store import groups, in_memory, inputs
+from pipeline.store.decomposition import OWN_NAMES, PASSES, Decomposition
 from pipeline.store.fields import stored_names
 from pipeline.store.fs import absolute, check_protocol, resolve_url
 from pipeline.store.locate import locate, merge_options
@@ -276,6 +276,36 @@ class _Runner:
         found: list[Any] = self.client.gather(futures)
         return found
 
+    def _copy_coordinates(self) -> None:
+        """X's 1-D coordinates along either dimension (a time axis, the lat and lon of a stacked
+        space), copied beside the results with their attributes, and named in the results'
+        ``coordinates`` attribute so xarray takes them as coordinates."""
+        obs, var = self.job.names
+        n, p = self.job.shape
+        lengths = {obs: n, var: p}
+        taken = set(RESULT_ARRAYS) | OWN_NAMES
+        extra: dict[str, list[str]] = {obs: [], var: []}
+        for name, dim in groups.coordinates_along(self.job.x_url, self.opts, lengths):
+            if name in taken:
+                continue
+            source = inputs.open_input(
+                f"{self.job.x_url.rsplit('/', 1)[0]}/{name}", self.opts, name
+            )
+            attrs = {k: v for k, v in source.attrs.items() if k != "_ARRAY_DIMENSIONS"}
+            length = int(source.shape[0])
+            self._add_array(name)
+            target = self.out.create(
+                name, (length,), (min(length, COPY_ELEMENTS),), str(source.dtype), (dim,), attrs,
+                fill_value=source.fill_value,
+            )  # fmt: skip
+            for a in range(0, length, COPY_ELEMENTS):
+                target[a : a + COPY_ELEMENTS] = source[a : a + COPY_ELEMENTS]
+            if name != dim:
+                extra[dim].append(name)
+        for array, dim in (("scores", obs), ("components", var)):
+            if extra[dim]:
+                _attrs(self.out.at(array), self.opts, {"coordinates": " ".join(extra[dim])})
+
     # -- steps
     def _moments(self, step: Step) -> None:
         job = self.job
@@ -426,6 +456,7 @@ class _Runner:
         ):  # fmt: skip
             self._create(name, (k,), (k,), "float64", (COMPONENT,))
             _put(self.out.at(name), self.opts, values)
+        self._copy_coordinates()
         self._finished(
             step,
             {
@@ -433,6 +464,16 @@ class _Runner:
                 "sketch_singular_values": sketched.tolist(),
             },
         )  # fmt: skip
+
+
+COPY_ELEMENTS = 2**22
+"""A coordinate is copied this many elements at a time."""
+
+
+def _attrs(url: str, options: dict[str, Any], values: dict[str, Any]) -> None:
+    from pipeline.store.decomposition import open_array
+
+    open_array(url, options, "r+").attrs.update(values)
 
 
 def _put(url: str, options: dict[str, Any], values: Any) -> None:

@@ -196,9 +196,10 @@ class Decomposition:
         dtype: str,
         dimension_names: tuple[str, ...],
         attributes: dict[str, Any] | None = None,
+        fill_value: Any = float("nan"),
     ) -> Any:
-        """A new array in OUT (one by the same name removed first), NaN-filled so an element
-        nobody wrote shows."""
+        """A new array in OUT (one by the same name removed first), NaN-filled (a float's)
+        so an element nobody wrote shows."""
         self.remove(name)
         if (path := local_path(self.at(name))) is not None:
             door.release(door.create_folder(path))
@@ -208,7 +209,7 @@ class Decomposition:
                 shape=shape,
                 chunks=tuple(max(1, c) for c in chunks),
                 dtype=dtype,
-                fill_value=float("nan"),
+                fill_value=fill_value,
                 compressors=None,
                 dimension_names=dimension_names,
                 attributes=attributes or {},

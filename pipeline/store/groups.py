@@ -106,6 +106,29 @@ def dimension_lengths(url: str, storage_options: dict[str, Any]) -> dict[str, in
     return found
 
 
+def coordinates_along(
+    url: str, storage_options: dict[str, Any], lengths: dict[str, int]
+) -> list[tuple[str, str]]:
+    """The 1-D arrays beside ``url`` in its group that lie along one of ``lengths``'
+    dimensions, at its length (xarray's coordinates of X): (name, dimension) pairs."""
+    folder, name = parent(url), url.rstrip("/").rsplit("/", 1)[-1]
+    if folder is None or not enclosing_groups(url, storage_options):
+        return []
+    found = []
+    try:
+        with quiet():
+            group = _open_group(folder, storage_options, consolidated=False)
+            for key, array in itertools.islice(group.arrays(), MAX_SIBLINGS):
+                dims = stored_names(array)
+                if key == name or len(dims) != 1 or dims[0] not in lengths:
+                    continue
+                if int(array.shape[0]) == lengths[dims[0]] and array.dtype.kind in "biufmM":
+                    found.append((key, str(dims[0])))
+    except Exception as e:  # noqa: BLE001 - an unreadable group: no coordinates to copy
+        log.debug("the coordinates beside %s were not read: %s", url, e)
+    return found
+
+
 def output_format(url: str, storage_options: dict[str, Any]) -> int:
     """2 when OUT goes into a Zarr v2 group (a v3 array there is invisible to it), else 3."""
     groups = enclosing_groups(url, storage_options)
