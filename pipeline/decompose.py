@@ -404,10 +404,14 @@ class _Runner:
         return self.done[made_by.name]["sums"]
 
     def _tsqr(
-        self, source: str, side: str, fix: Fix
+        self, source: str, side: str, fix: Fix, need_r: bool = False
     ) -> tuple[Where, Any, list[Any], list[tuple[int, int]]]:
+        """TSQR's first level on the cluster: the R factor and each band's block of the
+        second level's Q (one band: no first level unless R is needed)."""
         src = self._where(source)
         parts = self._bands(side)
+        if not need_r and len(parts) == 1 and self._length(side) >= self.job.request.width:
+            return src, None, [np.eye(self.job.request.width)], parts  # Q is the band's own
         rs = self._map(
             bands.r_task, lambda rows: (src, rows, fix),
             key=f"r-{source}-{self.run_id}", items=parts,
@@ -422,7 +426,7 @@ class _Runner:
         n, p = job.shape
         k = req.components
         fix = self._fix("p", self._correction(step.source, "p"))
-        src, r, blocks_, parts = self._tsqr(step.source, "p", fix)
+        src, r, blocks_, parts = self._tsqr(step.source, "p", fix, need_r=True)
         ua, s, va, sketched = plan.small_svd(r, k)
         items = list(zip(parts, blocks_, strict=True))
         key = f"peaks-{self.run_id}"

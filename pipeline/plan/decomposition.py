@@ -282,7 +282,8 @@ def describe(req: Request, sizes: Sizes, product_lines: list[str], seconds: floa
         rows.append(
             (
                 "time",
-                f"about {seconds:.1f} s modelled ({reads - 1} product passes as planned below)",
+                f"about {seconds:.1f} s modelled: {reads} passes at one product pass's modelled "
+                "time (below), start-up not counted",
             )
         )
     width = max(len(k) for k, _ in rows)
