@@ -310,7 +310,7 @@ class _Runner:
     def _moments(self, step: Step) -> None:
         job = self.job
         axis = 0 if job.request.rows else 1
-        found = moments.gather(self.client, job.x_url, self.opts, axis, None, "X")
+        found = moments.gather(self.client, job.x_url, self.opts, axis, None, "X", slabs=True)
         self.x_passes += 1
         plan.check_finite(int(found.nonfinite.sum()), int(found.absent.sum()))
         n, p = job.shape

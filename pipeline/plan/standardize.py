@@ -115,6 +115,36 @@ def block_moments(block: NDArray[Any], axis: int, code: float | None = None) -> 
     return Moments(count, mean, m2, low, high, nonfinite, missing)
 
 
+SLAB_ELEMENTS = 2**17
+"""Values a slab of ``slab_moments`` holds in float64 (1 MiB: it stays in cache)."""
+
+
+def slab_moments(block: NDArray[Any], axis: int) -> Moments | None:
+    """``block_moments`` for a block of finite values, in slabs of the block as stored (no
+    float64 copy of it, each slab cast while in cache): the same figures to rounding, several
+    times faster. None when a value is not finite (``block_moments`` counts them)."""
+    x = block.T if axis == 0 else block  # the variables along the columns
+    count, width = x.shape
+    if count == 0 or width == 0:
+        return None
+    step = max(1, SLAB_ELEMENTS // width)
+    sums = np.zeros(width)
+    for a in range(0, count, step):
+        sums += x[a : a + step].sum(axis=0, dtype=np.float64)
+    if not np.isfinite(sums).all():
+        return None
+    mean = sums / count
+    m2 = np.zeros(width)
+    for a in range(0, count, step):
+        dev = x[a : a + step].astype(np.float64)
+        dev -= mean
+        dev *= dev
+        m2 += dev.sum(axis=0)
+    low = x.min(axis=0).astype(np.float64)
+    high = x.max(axis=0).astype(np.float64)
+    return Moments(count, mean, m2, low, high, np.zeros(width, dtype=np.int64))
+
+
 def merge(a: Moments, b: Moments) -> Moments:
     """The moments of two blocks of the same variables (Chan, Golub and LeVeque), each
     variable over its own present values."""

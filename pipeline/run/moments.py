@@ -11,7 +11,14 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from pipeline.plan.standardize import Moments, Standardize, block_moments, measured, merge
+from pipeline.plan.standardize import (
+    Moments,
+    Standardize,
+    block_moments,
+    measured,
+    merge,
+    slab_moments,
+)
 from pipeline.store import inputs
 from pipeline.store.fields import as_matrix
 
@@ -47,11 +54,20 @@ def block_task(
     axis: int,
     code: float | None = None,
     split: int | None = None,
+    slabs: bool = False,
 ) -> Moments:
     """Worker side: one block's moments (``code``: a value that means missing; ``split``: an
-    N-D field's, pipeline.store.fields)."""
+    N-D field's, pipeline.store.fields; ``slabs``: read as stored and summed in slabs,
+    ``slab_moments``, where no value is missing)."""
     x = as_matrix(inputs.open_on_worker(url, options, name), split)
     rows, cols = at
+    if slabs and code is None:
+        native = x.dtype if np.dtype(x.dtype).kind == "f" else "float64"
+        block = inputs.read_block(x, rows, cols, str(native), name, url, retry=", then rerun")
+        found = slab_moments(block, axis)
+        if found is not None:
+            return found
+        return block_moments(block, axis, code)
     block = inputs.read_block(x, rows, cols, "float64", name, url, retry=", then rerun")
     return block_moments(block, axis, code)
 
@@ -78,9 +94,10 @@ def gather(
     code: float | None = None,
     name: str = "X",
     split: int | None = None,
+    slabs: bool = False,
 ) -> Moments:
     """The moments of each variable of X (``axis`` 1: its columns; 0: its rows), from one
-    pass over it on the cluster."""
+    pass over it on the cluster (``slabs``: block_task's)."""
     x = as_matrix(inputs.open_input(url, options, name), split)
     shape = (int(x.shape[0]), int(x.shape[1]))
     chunks = (int(x.chunks[0]), int(x.chunks[1]))
