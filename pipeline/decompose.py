@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 from distributed import Client
 
-from pipeline.errors import InputError, OutputExistsError, UsageError
+from pipeline.errors import InputError, JobError, OutputExistsError, UsageError
 from pipeline.plan import decomposition as plan
 from pipeline.plan.decomposition import Request, Sizes, Step
 from pipeline.plan.spec import ArraySpec
@@ -32,7 +32,7 @@ from pipeline.store.fs import absolute, check_protocol, resolve_url
 from pipeline.store.locate import locate, merge_options
 from pipeline.store.output import Output
 from pipeline.store.owned import check_finished
-from pipeline.store.signature import metadata_digest
+from pipeline.store.signature import data_listing, encode, metadata_digest
 
 log = logging.getLogger("pipeline")
 
@@ -167,6 +167,12 @@ class DecompositionJob:
             with _connect(client, self) as c:
                 runner = _Runner(self, c, record)
                 runner.run()
+            if self._x_listing() != record["x_listing"]:
+                raise JobError(
+                    f"X ({self.x_url}) changed while the decomposition ran (stored objects "
+                    "added, removed or rewritten); OUT is not marked complete: rerun with "
+                    "--overwrite once X is final"
+                )
             self.out.remove(PASSES)
             record["complete"] = True
             self.out.save(record)
@@ -179,16 +185,23 @@ class DecompositionJob:
             url=self.out.url, storage_options=self.storage_options,
         )  # fmt: skip
 
+    def _x_listing(self) -> str:
+        """A digest of X's stored objects and their change marks (no data read)."""
+        listing = data_listing(self.x_url, self.storage_options)
+        return hashlib.sha256(encode({"X": listing})).hexdigest()[:32]
+
     def _start(self, now: dict[str, Any] | None) -> dict[str, Any]:
         fresh = {
             "kind": self.request.kind, "fingerprint": self.fingerprint(), "complete": False,
             "x": self.x_url, "request": self.request.words(), "arrays": [], "done": {},
             "shape": list(self.shape), "rows": self.request.rows,
             "components": self.request.components, "width": self.request.width,
-            "power_iterations": self.request.power_iterations,
+            "power_iterations": self.request.power_iterations, "x_listing": self._x_listing(),
         }  # fmt: skip
         if now is not None and self.resume and now.get("fingerprint") == fresh["fingerprint"]:
-            return now
+            if now.get("x_listing") == fresh["x_listing"]:
+                return now
+            log.info("resume: X changed since the interrupted run; its passes are done again")
         if now is not None:
             self.out.remove_ours(now)
         self.out.save(fresh, new=True)

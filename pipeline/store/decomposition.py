@@ -16,7 +16,7 @@ from typing import Any
 
 import zarr
 
-from pipeline.errors import OutputExistsError, UnsafeOutputError, UsageError
+from pipeline.errors import OutputExistsError, UnsafeOutputError
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import door, lock
 from pipeline.store.direct import OutStore
@@ -106,16 +106,8 @@ class Decomposition:
     ) -> Iterator[dict[str, Any] | None]:
         """OUT's folder (created if new) and its lock for the whole run; under the lock, OUT
         is still what was planned with and holds nothing foreign. Yields OUT's record."""
-        path = local_path(self.url)
-        made: list[door.Made] = []
-        if path is not None:
-            try:
-                made = door.create_folder(path)
-            except OSError as e:
-                raise UsageError(
-                    f"OUT ({self.url}) cannot be created ({e.strerror or e}); choose a location "
-                    "you can write to"
-                ) from e
+        # created exclusively; another user's empty folder in a shared one refused
+        made = Output(self.url, self.storage_options)._make_folder()
         try:
             with lock.hold_lock(self.url, self.storage_options) as held:
                 held.pin_folder()
