@@ -19,6 +19,9 @@ import numpy as np
 from distributed import Client
 
 from pipeline.errors import InputError, JobError, OutputExistsError, UsageError
+from pipeline.options import spelling
+from pipeline.options.declaration import Option
+from pipeline.options.product import DECLARED
 from pipeline.plan import decomposition as plan
 from pipeline.plan.decomposition import Request, Sizes, Step
 from pipeline.plan.spec import ArraySpec
@@ -533,7 +536,7 @@ PRODUCT_KEYS = (
 )
 
 
-def prepare_decomposition(
+def _prepare_decomposition(
     kind: str,
     x: Any,
     out: Any,
@@ -557,7 +560,7 @@ def prepare_decomposition(
         raise UsageError("--overwrite and --resume exclude each other; pass one")
     unknown = sorted(set(product) - set(PRODUCT_KEYS))
     if unknown:
-        raise UsageError(f"{kind} takes no {', '.join(unknown)}")
+        raise TypeError(f"{kind} got unexpected keyword argument(s) {', '.join(unknown)}")
     in_memory.refuse_as_out(out)
     (x,), copies = in_memory.stage((x,), ("X",))
     if copies is None:
@@ -706,18 +709,89 @@ def _orientation(names: tuple[str | None, str | None], rows: bool, over: str | N
 
 
 def pca(
-    x: Any, out: Any, *, components: int, client: Client | None = None, **options: Any
+    x: Any,
+    out: Any,
+    *,
+    components: int,
+    client: Client | None = None,
+    scale: bool = False,
+    rows: bool = False,
+    over: str | None = None,
+    oversample: int | None = None,
+    power_iterations: int | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    resume: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    backend: str = "auto",
+    memory_limit: Any = None,
+    device_memory_limit: Any = None,
+    device_class: str | None = None,
+    storage_gbps: float | None = None,
+    progress: bool = False,
+    cluster: Any = None,
 ) -> DecompositionResult:
-    """Principal components of X (observations x variables; ``rows=True``: variables x
-    observations) into the Zarr group ``out``; see the README."""
-    return prepare_decomposition("pca", x, out, components=components, **options).execute(client)
+    """Principal components of X (a 2-D Zarr array, numpy or dask array: observations x
+    variables; ``rows=True`` or ``over=``: X's rows are the variables) into the Zarr group
+    ``out``: components, scores, singular_values, explained_variance(_ratio), mean (and scale
+    with ``scale=True``), as scikit-learn's PCA names them. Randomized (Halko et al.):
+    ``oversample`` (default 10) and ``power_iterations`` (default scikit-learn's rule) as
+    scikit-learn's; ``seed`` fixes the sketch. See the README."""
+    keywords = dict(locals())
+    return _run("pca", keywords)
 
 
 def svd(
-    x: Any, out: Any, *, components: int, client: Client | None = None, **options: Any
+    x: Any,
+    out: Any,
+    *,
+    components: int,
+    client: Client | None = None,
+    rows: bool = False,
+    over: str | None = None,
+    oversample: int | None = None,
+    power_iterations: int | None = None,
+    seed: int = 0,
+    overwrite: bool = False,
+    resume: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    backend: str = "auto",
+    memory_limit: Any = None,
+    device_memory_limit: Any = None,
+    device_class: str | None = None,
+    storage_gbps: float | None = None,
+    progress: bool = False,
+    cluster: Any = None,
 ) -> DecompositionResult:
-    """Truncated SVD of X as it is (uncentred) into the Zarr group ``out``; see the README."""
-    return prepare_decomposition("svd", x, out, components=components, **options).execute(client)
+    """Truncated SVD of X as it is (uncentred, scikit-learn's TruncatedSVD) into the Zarr group
+    ``out``; the keywords are ``pca``'s but ``scale``. See the README."""
+    keywords = dict(locals())
+    return _run("svd", keywords)
+
+
+def _run(kind: str, keywords: dict[str, Any]) -> DecompositionResult:
+    client = keywords.pop("client")
+    x, out = keywords.pop("x"), keywords.pop("out")
+    return _prepare_decomposition(kind, x, out, **keywords).execute(client)
+
+
+OWN_OPTIONS = tuple(
+    Option(default, "", name=name)
+    for name, default in (
+        ("components", 0), ("oversample", 0), ("power_iterations", 0), ("seed", 0),
+        ("scale", False), ("rows", False), ("over", ""),
+    )
+)  # fmt: skip
+"""pca's and svd's own keywords, for their errors' Python spelling."""
+
+
+def _spelled() -> tuple[Option, ...]:
+    return (*DECLARED, *OWN_OPTIONS)
+
+
+prepare_decomposition = spelling.door(_prepare_decomposition, _spelled)
+pca = spelling.door(pca, _spelled)
+svd = spelling.door(svd, _spelled)
 
 
 __all__ = [
