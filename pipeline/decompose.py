@@ -62,6 +62,8 @@ class DecompositionResult:
     steps_skipped: int
     x_passes: int
     """Passes over X this run made (a resume's finished ones not counted)."""
+    backend: str = ""
+    """The product passes' backend ("" when a resume ran none)."""
     url: str = ""
     storage_options: dict[str, Any] = field(
         default_factory=dict, repr=False, metadata=SENSITIVE_FIELD
@@ -185,7 +187,7 @@ class DecompositionJob:
             self.request.kind, self.shape, self.request.components,
             np.asarray(done["singular_values"]), np.asarray(done["ratio"]),
             time.perf_counter() - started, runner.ran, runner.skipped, runner.x_passes,
-            url=self.out.url, storage_options=self.storage_options,
+            runner.backend, url=self.out.url, storage_options=self.storage_options,
         )  # fmt: skip
 
     def _x_listing(self) -> str:
@@ -220,6 +222,7 @@ class _Runner:
         self.opts = job.storage_options
         self.ran = self.skipped = self.x_passes = 0
         self.run_id = uuid.uuid4().hex[:8]
+        self.backend = ""
 
     @property
     def done(self) -> dict[str, Any]:
@@ -380,7 +383,7 @@ class _Runner:
             transpose_a=transpose_a, resume=existing, storage_options=self.opts,
             **self.job.product,
         )  # fmt: skip
-        job.execute(self.client)
+        self.backend = job.execute(self.client).backend
         self.x_passes += 1
         self._finished(step, {})
 

@@ -402,8 +402,9 @@ def format_decomposition(result: Any) -> str:
     return (
         f"done: {result.kind} of {n}x{p}, {result.components} component(s) in "
         f"{result.seconds:.2f} s; singular values {shown}{more}; explained variance "
-        f"{ratio:.1%}; {result.x_passes} pass(es) over X, steps run {result.steps_run}, "
-        f"kept {result.steps_skipped}"
+        f"{ratio:.1%}; {result.x_passes} pass(es) over X"
+        + (f" (backend {result.backend})" if result.backend else "")
+        + f", steps run {result.steps_run}, kept {result.steps_skipped}"
     )
 
 
