@@ -50,7 +50,7 @@ def test_the_sgkit_grm_by_dimension_names(tmp_path: Path, form: str) -> None:
     g = calls(11, 12, 60)  # samples x variants, NaN calls; sgkit stores (variants, samples)
     ds = xr.Dataset({"call_dosage": (("variants", "samples"), g.T.astype(np.float32))})
     ds.chunk({"variants": 16, "samples": 5}).to_zarr(tmp_path / "geno.zarr", zarr_format=2)
-    argv = command("geno.zarr/call_dosage")
+    argv = command("geno.zarr/call_dosage geno.zarr/grm")
     assert argv[argv.index("--kinship") + 1 :][:2] == ["--over", "variants"]
     if form == "vanraden":
         argv.insert(argv.index("--kinship") + 1, "vanraden")
