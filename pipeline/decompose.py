@@ -25,7 +25,8 @@ from pipeline.options.product import DECLARED
 from pipeline.plan import decomposition as plan
 from pipeline.plan.decomposition import Request, Sizes, Step
 from pipeline.plan.spec import ArraySpec
-from pipeline.run import bands, moments
+from pipeline.plan.standardize import merge as merge_moments
+from pipeline.run import bands, moments, resident
 from pipeline.run.bands import Apply, Fix, Where
 from pipeline.sensitive.values import SENSITIVE_FIELD, redacted_repr
 from pipeline.store import groups, in_memory, inputs
@@ -117,6 +118,9 @@ class DecompositionJob:
     memory_limit: Any = None
     product_plan: str = ""
     product_seconds: float | None = None
+    passes_from: str = "auto"
+    """Where the passes read X: "auto" (held in the workers' memory when it fits), "memory"
+    or "storage" (pipeline.plan.decomposition.hold)."""
     operands: Any = field(default=None, repr=False, compare=False)
     storage_options: dict[str, Any] = field(
         default_factory=dict, repr=False, metadata=SENSITIVE_FIELD
@@ -223,6 +227,9 @@ class _Runner:
         self.ran = self.skipped = self.x_passes = 0
         self.run_id = uuid.uuid4().hex[:8]
         self.backend = ""
+        self.hold: bool | None = None
+        """X held in the workers' memory (None: not decided yet)."""
+        self.bands: list[tuple[tuple[int, int], Any]] = []
 
     @property
     def done(self) -> dict[str, Any]:
@@ -325,12 +332,113 @@ class _Runner:
             if extra[dim]:
                 _attrs(self.out.at(array), self.opts, {"coordinates": " ".join(extra[dim])})
 
+    # -- X held in the workers' memory
+    def _held(self) -> list[tuple[tuple[int, int], Any]] | None:
+        """X's row bands, read once and held by the workers, when X fits half their memory
+        (``passes_from``: "memory" insists, "storage" never); None: each pass reads X."""
+        if self.hold is None:
+            from pipeline.run.client import describe_workers, resolve_backend
+
+            job = self.job
+            live = describe_workers(self.client)
+            backend = job.product.get("backend", "auto")
+            if job.passes_from == "auto":  # the GPU backends' passes go through their kernels
+                backend = resolve_backend(self.client, backend, job.output_dtype)
+            self.hold = plan.hold(
+                job.passes_from, job.sizes().x_bytes, live["workers"], live["memory_limit"],
+                backend,
+            )  # fmt: skip
+            if self.hold:
+                self._load(live["workers"] * live["threads"])
+        return self.bands if self.hold else None
+
+    def _load(self, threads: int) -> None:
+        job = self.job
+        rows = plan.held_rows(job.x_shape, job.x_chunks[0], job.sizes().x_bytes, threads)
+        log.info(
+            "X fits the workers' memory: read once, in %d band(s), and held for every pass",
+            len(plan.bands(job.x_shape[0], rows)),
+        )
+        self.bands = [
+            (
+                at,
+                self.client.submit(
+                    resident.load, job.x_url, self.opts, at, key=f"x-{self.run_id}-{i}"
+                ),
+            )
+            for i, at in enumerate(plan.bands(job.x_shape[0], rows))
+        ]
+        self.x_passes += 1
+        self.backend = "cpu"
+
+    def _held_moments(self, axis: int) -> Any:
+        parts = [
+            self.client.submit(resident.moments, band, axis, key=f"m-{self.run_id}-{i}")
+            for i, (_, band) in enumerate(self.bands)
+        ]
+        if axis == 0:  # the variables are X's rows: each band holds its own
+            return moments.concatenated(self.client.gather(parts))
+        while len(parts) > 1:  # a tree in a fixed order: the same sums on any cluster
+            pairs = zip(parts[::2], parts[1::2], strict=False)
+            merged = [self.client.submit(merge_moments, a, b, pure=False) for a, b in pairs]
+            parts = merged + ([parts[-1]] if len(parts) % 2 else [])
+        return parts[0].result()
+
+    def _held_product(self, step: Step, transposed: bool) -> None:
+        """X S (each band its rows of the product) or Xᵀ S (the bands' shares summed), from
+        the held bands, written where a pass over storage writes it."""
+        side = step.side
+        n_rows, width = self._length(side), self.job.request.width
+        self._create(
+            step.target,
+            (n_rows, width),
+            (self._chunk(side), width),
+            self.job.output_dtype,
+            (side, "l"),
+        )
+        target, source = self.out.passes(step.target), self.out.passes(step.source)
+        if not transposed:
+            done = [
+                self.client.submit(
+                    resident.rows_times,
+                    band,
+                    at,
+                    source,
+                    self.opts,
+                    target,
+                    key=f"p-{step.name}-{self.run_id}-{i}",
+                )
+                for i, (at, band) in enumerate(self.bands)
+            ]
+            self.client.gather(done)
+            return
+        parts = [
+            self.client.submit(
+                resident.columns_times,
+                band,
+                at,
+                source,
+                self.opts,
+                key=f"p-{step.name}-{self.run_id}-{i}",
+            )
+            for i, (at, band) in enumerate(self.bands)
+        ]
+        while len(parts) > 1:
+            pairs = zip(parts[::2], parts[1::2], strict=False)
+            parts = [self.client.submit(resident.add, a, b, pure=False) for a, b in pairs] + (
+                [parts[-1]] if len(parts) % 2 else []
+            )
+        self.client.submit(resident.write, parts[0], target, self.opts, pure=False).result()
+
     # -- steps
     def _moments(self, step: Step) -> None:
         job = self.job
         axis = 0 if job.request.rows else 1
-        found = moments.gather(self.client, job.x_url, self.opts, axis, None, "X", slabs=True)
-        self.x_passes += 1
+        if self._held() is not None:
+            found = self._held_moments(axis)
+        else:
+            found = moments.gather(self.client, job.x_url, self.opts, axis, None, "X", slabs=True)
+            self.x_passes += 1
         plan.check_finite(int(found.nonfinite.sum()), int(found.absent.sum()))
         n, p = job.shape
         m2 = np.asarray(found.m2, dtype=np.float64)
@@ -376,6 +484,10 @@ class _Runner:
         rows = self.job.request.rows
         # M = X (or Xᵀ): M S reads X as stored (transposed), Mᵀ S the other way
         transpose_a = rows if step.side == "n" else not rows
+        if self._held() is not None:
+            self._held_product(step, transpose_a)
+            self._finished(step, {})
+            return
         target = self.out.product_output(step.target)
         existing = target.state() is not None
         job = prepare(
@@ -555,6 +667,7 @@ def _prepare_decomposition(
     resume: bool = False,
     storage_options: dict[str, Any] | None = None,
     cluster: Any = None,
+    passes_from: str = "auto",
     **product: Any,
 ) -> DecompositionJob:
     """Check and plan ``kind`` (pca or svd) of X into the group OUT; nothing written but the
@@ -564,45 +677,18 @@ def _prepare_decomposition(
     unknown = sorted(set(product) - set(PRODUCT_KEYS))
     if unknown:
         raise TypeError(f"{kind} got unexpected keyword argument(s) {', '.join(unknown)}")
+    plan.check_passes_from(passes_from)
     in_memory.refuse_as_out(out)
     (x,), copies = in_memory.stage((x,), ("X",))
+    args = (
+        kind, x, out, components, oversample, power_iterations, seed, scale, rows, over,
+        overwrite, resume, storage_options, cluster, product,
+    )  # fmt: skip
     if copies is None:
-        return _prepare(
-            kind,
-            x,
-            out,
-            components,
-            oversample,
-            power_iterations,
-            seed,
-            scale,
-            rows,
-            over,
-            overwrite,
-            resume,
-            storage_options,
-            cluster,
-            product,
-        )
+        return replace(_prepare(*args), passes_from=passes_from)
     with copies.removed_on_error():
-        job = _prepare(
-            kind,
-            x,
-            out,
-            components,
-            oversample,
-            power_iterations,
-            seed,
-            scale,
-            rows,
-            over,
-            overwrite,
-            resume,
-            storage_options,
-            cluster,
-            product,
-        )
-        return replace(job, operands=copies)
+        job = _prepare(*args)
+        return replace(job, operands=copies, passes_from=passes_from)
 
 
 def _prepare(
@@ -725,6 +811,7 @@ def pca(
     seed: int = 0,
     overwrite: bool = False,
     resume: bool = False,
+    passes_from: str = "auto",
     storage_options: dict[str, Any] | None = None,
     backend: str = "auto",
     memory_limit: Any = None,
@@ -739,7 +826,9 @@ def pca(
     ``out``: components, scores, singular_values, explained_variance(_ratio), mean (and scale
     with ``scale=True``), as scikit-learn's PCA names them. Randomized (Halko et al.):
     ``oversample`` (default 10) and ``power_iterations`` (default scikit-learn's rule) as
-    scikit-learn's; ``seed`` fixes the sketch. See the README."""
+    scikit-learn's; ``seed`` fixes the sketch. ``passes_from``: "auto" reads X once and holds
+    it in the workers' memory when it fits half of it (on the CPU backend), "memory" insists,
+    "storage" reads X in every pass. See the README."""
     keywords = dict(locals())
     return _run("pca", keywords)
 
@@ -757,6 +846,7 @@ def svd(
     seed: int = 0,
     overwrite: bool = False,
     resume: bool = False,
+    passes_from: str = "auto",
     storage_options: dict[str, Any] | None = None,
     backend: str = "auto",
     memory_limit: Any = None,
@@ -782,7 +872,7 @@ OWN_OPTIONS = tuple(
     Option(default, "", name=name)
     for name, default in (
         ("components", 0), ("oversample", 0), ("power_iterations", 0), ("seed", 0),
-        ("scale", False), ("rows", False), ("over", ""),
+        ("scale", False), ("rows", False), ("over", ""), ("passes_from", ""),
     )
 )  # fmt: skip
 """pca's and svd's own keywords, for their errors' Python spelling."""

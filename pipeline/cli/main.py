@@ -219,6 +219,7 @@ def run_decomposition(args: argparse.Namespace) -> int:
         oversample=args.oversample, power_iterations=args.power_iterations, seed=args.seed,
         scale=getattr(args, "scale", False), rows=args.rows, over=args.over,
         overwrite=args.overwrite, resume=args.resume, storage_options=args.storage_options,
+        passes_from=args.passes_from,
         cluster=_spec(args, probe_dashboard=not args.dry_run),
         backend=args.backend, memory_limit=args.memory_limit,
         device_memory_limit=args.device_memory_limit, device_class=args.device_class,

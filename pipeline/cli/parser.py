@@ -183,6 +183,11 @@ def _decomposition_args(p: argparse.ArgumentParser, kind: str) -> None:
         help="the observations' dimension by name (the one a covariance sums over): the "
         "other one's entries are the variables",
     )  # fmt: skip
+    p.add_argument(
+        "--passes-from", choices=("auto", "memory", "storage"), default="auto",
+        help="where the passes read X: auto (read once and held in the workers' memory when "
+        "it fits half of it, on the CPU backend), memory, or storage (every pass reads X)",
+    )  # fmt: skip
     exclusive = p.add_mutually_exclusive_group()
     exclusive.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     exclusive.add_argument(

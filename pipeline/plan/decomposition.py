@@ -321,3 +321,39 @@ def missed_factor(req_width: int, components: int, iterations: int, smaller: int
         + math.e * math.sqrt(req_width) / p * math.sqrt(max(smaller - components, 1))
     )
     return float(bracket ** (1 / (2 * iterations + 1)))
+
+
+HOLD_FRACTION = 0.5
+"""X is held in the workers' memory when its decoded bytes are at most this share of it."""
+PASSES_FROM = ("auto", "memory", "storage")
+HELD_BAND_BYTES = 256 * 2**20
+
+
+def check_passes_from(mode: str) -> None:
+    if mode not in PASSES_FROM:
+        raise UsageError(f"--passes-from takes {' or '.join(PASSES_FROM)}; got {mode!r}")
+
+
+def hold(mode: str, x_bytes: int, workers: int, memory_limit: int, backend: str) -> bool:
+    """Whether X is read once and held by the workers: ``auto`` when it fits HOLD_FRACTION of
+    their memory and the passes run on the CPU (a GPU backend's go through its kernels);
+    ``memory`` insists (refused when it does not fit); ``storage`` never."""
+    check_passes_from(mode)
+    room = int(HOLD_FRACTION * workers * memory_limit) if memory_limit > 0 else 0
+    fits = 0 < x_bytes <= room
+    if mode == "memory" and not fits:
+        raise UsageError(
+            f"--passes-from memory: X ({format_bytes(x_bytes)} decoded) does not fit half the "
+            f"workers' memory ({workers} x {format_bytes(memory_limit)}); add workers or memory, "
+            "or pass --passes-from storage (each pass reads X)"
+        )
+    return mode == "memory" or (mode == "auto" and fits and backend == "cpu")
+
+
+def held_rows(shape: tuple[int, int], chunk_rows: int, x_bytes: int, threads: int) -> int:
+    """Rows of a held band: whole row chunks of X, at most HELD_BAND_BYTES, and enough bands
+    for two per thread where X has the chunks for it."""
+    rows, _ = shape
+    per_row = max(x_bytes // max(rows, 1), 1)
+    target = min(HELD_BAND_BYTES, max(x_bytes // max(2 * threads, 1), 1))
+    return max(chunk_rows, 1) * max(1, target // (max(chunk_rows, 1) * per_row))

@@ -124,10 +124,10 @@ def gather(
             parts = merged_pairs + ([parts[-1]] if len(parts) % 2 else [])
         merged.append(parts[0])
     found = client.gather(merged)
-    return found[0] if len(found) == 1 else _concatenate(found)
+    return found[0] if len(found) == 1 else concatenated(found)
 
 
-def _concatenate(bands: list[Moments]) -> Moments:
+def concatenated(bands: list[Moments]) -> Moments:
     """Bands of different variables over the same values: side by side."""
 
     def joined(name: str) -> Any:
