@@ -175,7 +175,10 @@ class DecompositionJob:
             record = self._start(now)
             with _connect(client, self) as c:
                 runner = _Runner(self, c, record)
-                runner.run()
+                try:
+                    runner.run()
+                finally:
+                    runner.bands = []  # X's held bands leave the workers with their futures
             if self._x_listing() != record["x_listing"]:
                 raise JobError(
                     f"X ({self.x_url}) changed while the decomposition ran (stored objects "
