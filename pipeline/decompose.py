@@ -175,10 +175,12 @@ class DecompositionJob:
             record = self._start(now)
             with _connect(client, self) as c:
                 runner = _Runner(self, c, record)
+                self.out.pin_on_workers(c)
                 try:
                     runner.run()
                 finally:
                     runner.bands = []  # X's held bands leave the workers with their futures
+                    self.out.unpin_on_workers(c)
             if self._x_listing() != record["x_listing"]:
                 raise JobError(
                     f"X ({self.x_url}) changed while the decomposition ran (stored objects "
@@ -400,6 +402,7 @@ class _Runner:
             (side, "l"),
         )
         target, source = self.out.passes(step.target), self.out.passes(step.source)
+        self.out.pin_on_workers(self.client, f"{PASSES}/{step.target}")  # made here just now
         if not transposed:
             done = [
                 self.client.submit(

@@ -208,6 +208,20 @@ class Decomposition:
                 overwrite=False,
             )
 
+    def pin_on_workers(self, client: Any, name: str = "") -> None:
+        """Every worker's doors reach OUT (or its array ``name``) only in the folder there now:
+        pins left below it by earlier jobs on a long-lived worker let go, OUT pinned."""
+        path = local_path(self.at(name) if name else self.url)
+        if path is None:
+            return
+        st = os.stat(path, follow_symlinks=False)
+        client.run(_repin, path, (st.st_dev, st.st_ino) if not name else None)
+
+    def unpin_on_workers(self, client: Any) -> None:
+        """Let OUT go on every worker once the run ends (a later job may make it again)."""
+        if (path := local_path(self.url)) is not None:
+            client.run(_repin, path, None)
+
     def product_output(self, name: str) -> Output:
         """A pass's product array, which ``multiply`` writes with its own record."""
         return Output(self.passes(name), self.storage_options)
@@ -217,6 +231,13 @@ class Decomposition:
         with quiet():
             group = zarr.open_group(**self._store(), mode="r+")
             zarr.consolidate_metadata(group.store)
+
+
+def _repin(path: str, identity: tuple[int, int] | None) -> None:
+    """Worker side of ``pin_on_workers`` (None: let go only)."""
+    door.unpin_below(path)
+    if identity is not None:
+        door.pin(path, identity)
 
 
 def open_array(url: str, storage_options: dict[str, Any], mode: str = "r") -> Any:

@@ -46,6 +46,14 @@ def pin(root: str, identity: tuple[int, int] | None) -> None:
         _pinned[root] = identity
 
 
+def unpin_below(root: str) -> None:
+    """Let go every folder pinned at or below ``root`` (another job's, on a long-lived worker,
+    whose folder a later one may have made again)."""
+    root = root.rstrip("/") or "/"
+    for path in [p for p in tuple(_pinned) if p == root or p.startswith(root + "/")]:
+        _pinned.pop(path, None)
+
+
 def _pinned_base(root: str) -> tuple[str, tuple[int, int]] | None:
     """The pinned folder at or above ``root``, the nearest one, and its identity (from one
     snapshot: other threads of a worker pin as they start their tasks)."""
