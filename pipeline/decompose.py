@@ -151,7 +151,9 @@ class DecompositionJob:
         seconds = None
         if self.product_seconds is not None:
             seconds = plan.total_seconds(self.request, self.product_seconds)
-        return plan.describe(self.request, self.sizes(), self.product_plan.splitlines(), seconds)
+        return plan.describe(
+            self.request, self.sizes(), self.product_plan.splitlines(), seconds, self.passes_from
+        )
 
     __str__ = describe
 

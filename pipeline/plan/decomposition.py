@@ -252,9 +252,22 @@ class Sizes:
         return itemsize * components * (self.n + self.p) + 8 * (2 * self.p + 3 * components)
 
 
-def describe(req: Request, sizes: Sizes, product_lines: list[str], seconds: float | None) -> str:
+def describe(
+    req: Request,
+    sizes: Sizes,
+    product_lines: list[str],
+    seconds: float | None,
+    passes_from: str = "auto",
+) -> str:
     """The dry run's table: the request, the passes, the bytes, the product pass's plan."""
     reads = x_passes(req)
+    held = {
+        "auto": f"X ({format_bytes(sizes.x_bytes)} decoded) is read once and held by the "
+        "workers where it fits half their memory and the passes run on the CPU; else as below",
+        "memory": f"X ({format_bytes(sizes.x_bytes)} decoded) read once and held by the "
+        "workers (refused at the start where it does not fit half their memory)",
+        "storage": "every pass reads X where it is stored",
+    }[passes_from]
     rows = [
         (
             "decomposition",
