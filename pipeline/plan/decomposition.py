@@ -274,6 +274,7 @@ def describe(
             f"{req.kind} of {sizes.n} x {sizes.p} (observations x variables), "
             f"K = {req.components}, l = K + P = {req.width}, q = {req.power_iterations}",
         ),
+        ("passes from", held),
         (
             "passes over X",
             f"{reads} (moments, then 2q + 2 = {reads - 1} products), "
